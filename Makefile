@@ -45,10 +45,13 @@ $(PKG)/_C.so: $(PYMOD_SRC) $(CORE_HDR) $(CORE_LIB)
 	$(CC) $(CWARN) $(CFLAGS) -fPIC -shared -Icsrc/core -I$(PY_INC) -o $@ $(PYMOD_SRC) \
 	  -L$(PKG) -ltpcore -Wl,-rpath,'$$ORIGIN'
 
+# -std=c++20: torch 2.13's headers need it (c10/core/AutogradState.h uses
+# bit-field initialisers) and torch.utils.cpp_extension builds with it; the
+# glue's own code is plain C++17.  No Python headers: the glue is not a
+# Python module, it is loaded with torch.ops.load_library.
 $(PKG)/_glue.so: $(GLUE_SRC) $(wildcard csrc/glue/*.h) $(CORE_HDR) $(CORE_LIB)
-	$(CXX) -std=c++17 -O2 -fPIC -shared -Wall -Wextra -Werror -Wno-unused-parameter \
-	  -D_GLIBCXX_USE_CXX11_ABI=1 -Icsrc/core -I$(TORCH_DIR)/include \
-	  -I$(TORCH_DIR)/include/torch/csrc/api/include -I$(PY_INC) -o $@ $(GLUE_SRC) \
+	$(CXX) -std=c++20 -O2 -fPIC -shared -Wall -Wextra -Werror -Wno-unused-parameter \
+	  -D_GLIBCXX_USE_CXX11_ABI=1 -Icsrc/core -I$(TORCH_DIR)/include -o $@ $(GLUE_SRC) \
 	  -L$(PKG) -ltpcore -L$(TORCH_DIR)/lib -lc10 -ltorch -ltorch_cpu \
 	  -Wl,-rpath,'$$ORIGIN' -Wl,-rpath,$(TORCH_DIR)/lib
 

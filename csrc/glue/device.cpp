@@ -1,0 +1,166 @@
+// device.cpp - the PrivateUse1 device guard and allocator.
+//
+// Both are registered from static initialisers when _glue.so is loaded.
+// Neither needs the runtime to be open at load time: they ask it for the
+// device count on each use, and report "no devices" as a clear error.
+
+#include "glue.h"
+
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <c10/util/Exception.h>
+
+#include <limits>
+#include <string>
+
+namespace torch_pjrt {
+
+// One current device per thread, like CUDA's.  PJRT has no notion of a
+// current device, so this is purely PyTorch-side state.
+static thread_local c10::DeviceIndex tls_device = 0;
+
+c10::DeviceIndex device_count() noexcept {
+  int n = tp_runtime_device_count();
+  if (n < 0) return 0;
+  constexpr int kMax = std::numeric_limits<c10::DeviceIndex>::max();
+  return static_cast<c10::DeviceIndex>(n > kMax ? kMax : n);
+}
+
+void check_device(c10::DeviceIndex index) {
+  const c10::DeviceIndex n = device_count();
+  const std::string name = c10::get_privateuse1_backend();
+  // Worded like CUDA's "invalid device ordinal", plus what would help.
+  TORCH_CHECK(index >= 0 && index < n, name, " error: invalid device ordinal ",
+              static_cast<int>(index), ": ", static_cast<int>(n), " ", name,
+              " device(s) available",
+              n == 0 ? " (is the runtime initialised? import torch_pjrt)" : "");
+}
+
+c10::DeviceIndex current_device() { return tls_device; }
+
+void set_device(c10::DeviceIndex index) {
+  if (index == -1) return; // an unindexed "tpu" means the current device
+  check_device(index);
+  tls_device = index;
+}
+
+[[noreturn]] void throw_status(tp_status* st, const char* what) {
+  std::string msg = st ? tp_status_message(st) : "unknown error";
+  tp_status_free(st);
+  TORCH_CHECK(false, c10::get_privateuse1_backend(), ": ", what, ": ", msg);
+}
+
+namespace {
+
+// ---------------------------------------------------------------- allocator
+
+void delete_storage(void* p) { tp_storage_free(static_cast<tp_storage*>(p)); }
+
+struct TpAllocator final : c10::Allocator {
+  // A handle even for 0 bytes: resize_ and set_ later grow it in place, and
+  // PyTorch treats a null DataPtr as "no storage".  The device buffer itself
+  // is created lazily by the core on first write.
+  c10::DataPtr allocate(size_t nbytes) override {
+    const c10::DeviceIndex dev = current_device();
+    check_device(dev);
+    tp_storage* s = tp_storage_new(dev, nbytes);
+    TORCH_CHECK_WITH(OutOfMemoryError, s != nullptr,
+                     "out of host memory creating a storage handle for ",
+                     nbytes, " bytes on ", c10::Device(kTpu, dev));
+    // data == context, so raw_allocate/raw_deallocate also work.
+    return {s, s, &delete_storage, c10::Device(kTpu, dev)};
+  }
+
+  c10::DeleterFnPtr raw_deleter() const override { return &delete_storage; }
+
+  // Allocator::clone() would copy bytes between two handles; device data
+  // only moves through the op path (copy_ -> _copy_from -> C core).
+  void copy_data(void*, const void*, std::size_t) const override {
+    TORCH_CHECK(false, c10::get_privateuse1_backend(),
+                ": the allocator cannot copy device memory; copy tensors "
+                "with Tensor.copy_ or .clone() instead");
+  }
+};
+
+TpAllocator g_allocator;
+
+} // namespace
+
+c10::Allocator* allocator() { return &g_allocator; }
+
+bool is_tp_data_ptr(const c10::DataPtr& p) {
+  return p.get_deleter() == &delete_storage;
+}
+
+namespace {
+
+// ------------------------------------------------------------- device guard
+
+// Streams and events are placeholders: each device has one in-order default
+// stream (the order the eager engine issues PJRT work), so "wait for event /
+// stream" is trivially satisfied.  Waiting for outstanding device work is
+// torch.tpu.synchronize, implemented by the Python layer.
+struct TpGuardImpl final : c10::impl::DeviceGuardImplInterface {
+  c10::DeviceType type() const override { return kTpu; }
+
+  c10::Device exchangeDevice(c10::Device d) const override {
+    c10::Device old = getDevice();
+    setDevice(d);
+    return old;
+  }
+  c10::Device getDevice() const override { return {kTpu, current_device()}; }
+  void setDevice(c10::Device d) const override {
+    TORCH_CHECK(d.type() == kTpu, "expected a ", kTpu, " device, got ", d);
+    set_device(d.index());
+  }
+  // Used by guard destructors to restore a device that was valid before.
+  void uncheckedSetDevice(c10::Device d) const noexcept override {
+    if (d.index() >= 0) tls_device = d.index();
+  }
+
+  c10::DeviceIndex deviceCount() const noexcept override {
+    return device_count();
+  }
+
+  static c10::Stream default_stream(c10::Device d) {
+    if (d.index() == -1) d = c10::Device(kTpu, current_device());
+    return c10::Stream(c10::Stream::DEFAULT, d);
+  }
+  c10::Stream getStream(c10::Device d) const override {
+    return default_stream(d);
+  }
+  c10::Stream getDefaultStream(c10::Device d) const override {
+    return default_stream(d);
+  }
+  c10::Stream getStreamFromGlobalPool(c10::Device d, bool) const override {
+    return default_stream(d);
+  }
+  c10::Stream getNewStream(c10::Device d, int) const override {
+    return default_stream(d);
+  }
+  c10::Stream exchangeStream(c10::Stream s) const override {
+    return default_stream(s.device());
+  }
+  bool queryStream(const c10::Stream&) const override { return true; }
+  void synchronizeStream(const c10::Stream&) const override {}
+  void synchronizeDevice(c10::DeviceIndex) const override {}
+
+  // Events: recording leaves *event null (nothing to destroy); with a single
+  // in-order stream, blocking on or querying one has nothing to wait for.
+  void record(void**, const c10::Stream&, c10::DeviceIndex,
+              c10::EventFlag) const override {}
+  void block(void*, const c10::Stream&) const override {}
+  bool queryEvent(void*) const override { return true; }
+  void synchronizeEvent(void*) const override {}
+  double elapsedTime(void*, void*, c10::DeviceIndex) const override {
+    TORCH_CHECK(false, c10::get_privateuse1_backend(),
+                " events carry no timestamps; time with time.perf_counter() "
+                "around torch.",
+                c10::get_privateuse1_backend(), ".synchronize()");
+  }
+};
+
+} // namespace
+} // namespace torch_pjrt
+
+REGISTER_ALLOCATOR(c10::DeviceType::PrivateUse1, &torch_pjrt::g_allocator)
+C10_REGISTER_GUARD_IMPL(PrivateUse1, torch_pjrt::TpGuardImpl);

@@ -1,0 +1,187 @@
+// hooks.cpp - PrivateUse1HooksInterface and the "tpu" generator.
+//
+// The hooks are how device-generic PyTorch code (torch.Generator, pinned
+// memory checks, UntypedStorage.resize_, torch.accelerator) reaches the
+// backend.  Only the virtuals torch 2.13 declares are overridden.
+
+#include "glue.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/EmptyTensor.h>
+#include <ATen/core/Generator.h>
+#include <ATen/detail/PrivateUse1HooksInterface.h>
+#include <c10/core/CPUAllocator.h>
+#include <c10/core/DeviceGuard.h>
+
+#include <cstring>
+#include <deque>
+#include <mutex>
+
+namespace torch_pjrt {
+
+void resize_storage_bytes(const c10::Storage& storage, size_t nbytes) {
+  TORCH_CHECK(storage.resizable(),
+              "Trying to resize storage that is not resizable");
+  c10::StorageImpl* impl = storage.unsafeGetStorageImpl();
+  const c10::DataPtr& dp = impl->data_ptr();
+  if (dp.get() == nullptr) {
+    // Defensive: our allocator never returns null, but a storage built
+    // elsewhere might carry none.  Give it a handle on its own device.
+    c10::OptionalDeviceGuard guard;
+    if (dp.device().type() == kTpu) guard.reset_device(dp.device());
+    impl->set_data_ptr_noswap(allocator()->allocate(nbytes));
+  } else {
+    TORCH_CHECK(is_tp_data_ptr(dp), "cannot resize a ",
+                c10::get_privateuse1_backend(),
+                " storage that was not made by its allocator");
+    // Same handle, new size: the core keeps the first min(old, new) bytes.
+    tp_status* st = tp_storage_resize(static_cast<tp_storage*>(dp.get()),
+                                      nbytes);
+    if (st) throw_status(st, "resizing a storage failed");
+  }
+  impl->set_nbytes(nbytes);
+}
+
+namespace {
+
+// ---------------------------------------------------------------- generator
+
+// The random state lives in the C runtime, one (seed, counter) per device,
+// because the C core produces the random numbers (tp_runtime_rng_advance).
+// This generator is a view of that state: every generator of a device,
+// default or new, reads and writes the same runtime state.  It subclasses
+// CPUGeneratorImpl (as OpenReg does) only for the boilerplate; the
+// inherited mt19937 engine is never used.
+struct TpGenerator final : at::CPUGeneratorImpl {
+  explicit TpGenerator(c10::DeviceIndex index) {
+    device_ = c10::Device(kTpu, index);
+    key_set_ = c10::DispatchKeySet(c10::DispatchKey::PrivateUse1);
+  }
+  int dev() const { return device_.index(); }
+
+  void set_current_seed(uint64_t seed) override {
+    tp_runtime_manual_seed(dev(), seed); // also resets the counter
+  }
+  uint64_t current_seed() const override {
+    return tp_runtime_initial_seed(dev());
+  }
+  uint64_t seed() override {
+    const uint64_t s = c10::detail::getNonDeterministicRandom();
+    set_current_seed(s);
+    return s;
+  }
+  uint64_t get_offset() const override {
+    uint64_t seed = 0, offset = 0;
+    tp_runtime_rng_advance(dev(), 0, &seed, &offset); // reserves nothing
+    return offset;
+  }
+  // The runtime has no "set counter"; reseeding resets it to 0 and then
+  // reserving `offset` values moves it exactly there.
+  void set_offset(uint64_t offset) override {
+    uint64_t seed = 0, first = 0;
+    tp_runtime_manual_seed(dev(), current_seed());
+    tp_runtime_rng_advance(dev(), offset, &seed, &first);
+  }
+
+  // State tensor: 16 bytes, uint64 seed then uint64 counter (host order).
+  c10::intrusive_ptr<c10::TensorImpl> get_state() const override {
+    const uint64_t words[2] = {current_seed(), get_offset()};
+    auto t = at::detail::empty_cpu({16}, at::kByte);
+    std::memcpy(t.mutable_data_ptr(), words, sizeof words);
+    return t.getIntrusivePtr();
+  }
+  void set_state(const c10::TensorImpl& state) override {
+    at::detail::check_rng_state(state);
+    TORCH_CHECK(state.numel() == 16, "RNG state of a ",
+                c10::get_privateuse1_backend(),
+                " generator must be 16 bytes, got ", state.numel());
+    uint64_t words[2];
+    std::memcpy(words, state.data(), sizeof words);
+    set_current_seed(words[0]);
+    set_offset(words[1]);
+  }
+
+ private:
+  // A clone shares the device's runtime state, as the original does.
+  TpGenerator* clone_impl() const override { return new TpGenerator(dev()); }
+};
+
+c10::DeviceIndex resolve(c10::DeviceIndex index) {
+  if (index == -1) index = current_device();
+  check_device(index);
+  return index;
+}
+
+const at::Generator& default_generator(c10::DeviceIndex index) {
+  index = resolve(index);
+  // Created on demand: the runtime (and so the device count) may be opened
+  // after this library is loaded.  A deque keeps references stable.
+  static std::mutex mu;
+  static std::deque<at::Generator> gens;
+  std::lock_guard<std::mutex> lock(mu);
+  while (gens.size() <= static_cast<size_t>(index))
+    gens.push_back(at::make_generator<TpGenerator>(
+        static_cast<c10::DeviceIndex>(gens.size())));
+  return gens[index];
+}
+
+// -------------------------------------------------------------------- hooks
+
+struct TpHooks final : at::PrivateUse1HooksInterface {
+  bool isBuilt() const override { return true; }
+  // Must not throw or initialise anything: just ask the runtime.
+  bool isAvailable() const override { return device_count() > 0; }
+  c10::DeviceIndex deviceCount() const override { return device_count(); }
+  // The Python package opens the runtime before loading this library.
+  void init() const override {}
+  bool hasPrimaryContext(c10::DeviceIndex) const override { return true; }
+
+  void setCurrentDevice(c10::DeviceIndex d) const override { set_device(d); }
+  c10::DeviceIndex getCurrentDevice() const override {
+    return current_device();
+  }
+  c10::DeviceIndex exchangeDevice(c10::DeviceIndex d) const override {
+    c10::DeviceIndex old = current_device();
+    set_device(d);
+    return old;
+  }
+  c10::DeviceIndex maybeExchangeDevice(c10::DeviceIndex d) const override {
+    return exchangeDevice(d);
+  }
+
+  const at::Generator& getDefaultGenerator(
+      c10::DeviceIndex index) const override {
+    return default_generator(index);
+  }
+  at::Generator getNewGenerator(c10::DeviceIndex index) const override {
+    return at::make_generator<TpGenerator>(resolve(index));
+  }
+
+  // Only for pointers that are a storage's base DataPtr (a tp_storage*).
+  at::Device getDeviceFromPtr(void* data) const override {
+    TORCH_CHECK(data != nullptr, "null ", c10::get_privateuse1_backend(),
+                " storage pointer");
+    return {kTpu, static_cast<c10::DeviceIndex>(
+                      tp_storage_device(static_cast<tp_storage*>(data)))};
+  }
+
+  // No pinned host memory: host<->device transfers are PJRT's business.
+  bool isPinnedPtr(const void*) const override { return false; }
+  at::Allocator* getPinnedMemoryAllocator() const override {
+    return c10::GetCPUAllocator();
+  }
+
+  // UntypedStorage.resize_() on a tpu storage lands here.
+  void resizePrivateUse1Bytes(const c10::Storage& storage,
+                              size_t nbytes) const override {
+    resize_storage_bytes(storage, nbytes);
+  }
+};
+
+[[maybe_unused]] const bool g_hooks_registered = [] {
+  at::RegisterPrivateUse1HooksInterface(new TpHooks()); // lives forever
+  return true;
+}();
+
+} // namespace
+} // namespace torch_pjrt

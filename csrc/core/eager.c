@@ -1,0 +1,921 @@
+/* eager.c - one-op programs: build, cache, execute (see eager.h). */
+#include "eager.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "runtime.h"
+
+/* ---- small growable byte buffer for cache keys --------------------------- */
+
+typedef struct kbuf {
+  unsigned char *p;
+  size_t len, cap;
+  int oom;
+  unsigned char inline_buf[1024];
+} kbuf;
+
+static void kb_init(kbuf *k) {
+  k->p = k->inline_buf;
+  k->len = 0;
+  k->cap = sizeof k->inline_buf;
+  k->oom = 0;
+}
+
+static void kb_free(kbuf *k) {
+  if (k->p != k->inline_buf) free(k->p);
+}
+
+static void kb_put(kbuf *k, const void *d, size_t n) {
+  if (k->oom) return;
+  if (k->len + n > k->cap) {
+    size_t nc = k->cap * 2;
+    while (nc < k->len + n) nc *= 2;
+    unsigned char *np = malloc(nc);
+    if (!np) {
+      k->oom = 1;
+      return;
+    }
+    memcpy(np, k->p, k->len);
+    if (k->p != k->inline_buf) free(k->p);
+    k->p = np;
+    k->cap = nc;
+  }
+  memcpy(k->p + k->len, d, n);
+  k->len += n;
+}
+
+static void kb_i64(kbuf *k, int64_t v) { kb_put(k, &v, sizeof v); }
+
+static uint64_t hash_bytes(const unsigned char *p, size_t n) {
+  uint64_t h = 1469598103934665603ull;
+  for (size_t i = 0; i < n; i++) {
+    h ^= p[i];
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+/* ---- program cache ----------------------------------------------------------- */
+
+typedef enum { SRC_STORAGE, SRC_SCALAR, SRC_RNG } src_kind;
+
+typedef struct param_src {
+  src_kind kind;
+  int idx;     /* storage index or argument index */
+  tp_dtype dt; /* SCALAR: dtype to upload */
+  tp_val val;  /* while building: the parameter's value */
+} param_src;
+
+typedef struct entry {
+  struct entry *next;
+  uint64_t hash;
+  unsigned char *key;
+  size_t keylen;
+  tp_exec *exec;
+  int nparams;
+  param_src *params;
+  int nres;
+  int *res_storage; /* result j replaces the buffer of storage res_storage[j] */
+  uint64_t rng_count;
+} entry;
+
+/* Everything below is guarded by tp_storage_lock(), which the engine holds
+ * for a whole op. */
+static entry **g_buckets;
+static size_t g_nbuckets, g_nentries;
+static tp_eager_stats g_stats;
+
+static void entry_free(entry *en) {
+  if (!en) return;
+  tp_exec_free(en->exec);
+  free(en->key);
+  free(en->params);
+  free(en->res_storage);
+  free(en);
+}
+
+static entry *cache_find(const kbuf *k, uint64_t h) {
+  if (!g_nbuckets) return NULL;
+  for (entry *en = g_buckets[h % g_nbuckets]; en; en = en->next)
+    if (en->hash == h && en->keylen == k->len && !memcmp(en->key, k->p, k->len)) return en;
+  return NULL;
+}
+
+static void cache_insert(entry *en) {
+  if (g_nentries + 1 > g_nbuckets) {
+    size_t nb = g_nbuckets ? g_nbuckets * 2 : 256;
+    entry **b = calloc(nb, sizeof(entry *));
+    if (b) {
+      for (size_t i = 0; i < g_nbuckets; i++)
+        for (entry *en2 = g_buckets[i], *nx; en2; en2 = nx) {
+          nx = en2->next;
+          en2->next = b[en2->hash % nb];
+          b[en2->hash % nb] = en2;
+        }
+      free(g_buckets);
+      g_buckets = b;
+      g_nbuckets = nb;
+    }
+  }
+  if (!g_nbuckets) { /* could not allocate: run uncached */
+    entry_free(en);
+    return;
+  }
+  en->next = g_buckets[en->hash % g_nbuckets];
+  g_buckets[en->hash % g_nbuckets] = en;
+  g_nentries++;
+}
+
+void tp_eager_clear_cache(void) {
+  tp_storage_lock();
+  for (size_t i = 0; i < g_nbuckets; i++)
+    for (entry *en = g_buckets[i], *nx; en; en = nx) {
+      nx = en->next;
+      entry_free(en);
+    }
+  free(g_buckets);
+  g_buckets = NULL;
+  g_nbuckets = g_nentries = 0;
+  tp_storage_unlock();
+}
+
+void tp_eager_get_stats(tp_eager_stats *out) {
+  tp_storage_lock();
+  *out = g_stats;
+  out->cached_programs = (int64_t)g_nentries;
+  tp_storage_unlock();
+}
+
+/* ---- the op being run ----------------------------------------------------------- */
+
+#define MAX_STORAGES 1024
+
+struct tp_lower_ctx {
+  const tp_eager_arg *args;
+  int nargs;
+  int nst;
+  tp_storage *st[MAX_STORAGES];
+  tp_dtype st_dt[MAX_STORAGES]; /* dtype of the storage's buffer */
+  int64_t st_numel[MAX_STORAGES];
+  tp_val st_param[MAX_STORAGES]; /* flat parameter, -1 until used */
+  tp_val st_cur[MAX_STORAGES];   /* flat value after writes, -1 if unwritten */
+  param_src *params;
+  int nparams, capparams;
+  int rng_used;
+};
+
+static int storage_index(tp_lower_ctx *c, tp_storage *s) {
+  for (int i = 0; i < c->nst; i++)
+    if (c->st[i] == s) return i;
+  if (c->nst == MAX_STORAGES) return -1;
+  c->st[c->nst] = s;
+  c->st_param[c->nst] = -1;
+  c->st_cur[c->nst] = -1;
+  return c->nst++;
+}
+
+static int push_param(tp_lower_ctx *c, src_kind k, int idx, tp_dtype dt) {
+  if (c->nparams == c->capparams) {
+    int nc = c->capparams ? c->capparams * 2 : 8;
+    param_src *np = realloc(c->params, sizeof(param_src) * (size_t)nc);
+    if (!np) return -1;
+    c->params = np;
+    c->capparams = nc;
+  }
+  c->params[c->nparams].kind = k;
+  c->params[c->nparams].idx = idx;
+  c->params[c->nparams].dt = dt;
+  c->params[c->nparams].val = -1;
+  return c->nparams++;
+}
+
+static tp_val storage_param(tp_emit *e, tp_lower_ctx *c, int s) {
+  if (c->st_param[s] < 0) {
+    tp_type t = tp_type_make(c->st_dt[s], 1, &c->st_numel[s]);
+    if (push_param(c, SRC_STORAGE, s, c->st_dt[s]) < 0) return em_fail(e, TP_RESOURCE_EXHAUSTED, "out of memory");
+    c->st_param[s] = em_param(e, &t);
+  }
+  return c->st_param[s];
+}
+
+static tp_val cb_scalar(tp_emit *e, const tp_node *n, int i, tp_dtype dt) {
+  tp_lower_ctx *c = n->ctx;
+  if (i < 0 || i >= c->nargs || c->args[i].a.kind != TP_ARG_SCALAR)
+    return em_fail(e, TP_INTERNAL, "%s: argument %d is not a scalar", n->op, i);
+  /* One parameter per (argument, dtype). */
+  for (int k = 0; k < c->nparams; k++)
+    if (c->params[k].kind == SRC_SCALAR && c->params[k].idx == i && c->params[k].dt == dt) return c->params[k].val;
+  int k = push_param(c, SRC_SCALAR, i, dt);
+  if (k < 0) return em_fail(e, TP_RESOURCE_EXHAUSTED, "out of memory");
+  tp_type t = tp_type_make(dt, 0, NULL);
+  return c->params[k].val = em_param(e, &t);
+}
+
+static tp_val cb_rng_key(tp_emit *e, const tp_node *n) {
+  tp_lower_ctx *c = n->ctx;
+  if (push_param(c, SRC_RNG, 0, TP_U64) < 0) return em_fail(e, TP_RESOURCE_EXHAUSTED, "out of memory");
+  c->rng_used++;
+  int64_t two = 2;
+  tp_type t = tp_type_make(TP_U64, 1, &two);
+  return em_param(e, &t);
+}
+
+/* ---- views over flat storage values --------------------------------------------- */
+
+/* Reinterpret a flat value of dtype `from` as dtype `to` (like
+ * Tensor.view(dtype)): bitcast, regrouping elements when sizes differ. */
+static tp_val reinterpret(tp_emit *e, tp_val flat, tp_dtype to) {
+  const tp_type *t = em_type(e, flat);
+  tp_dtype from = t->dt;
+  if (from == to) return flat;
+  int64_t n = t->dims[0];
+  if (from == TP_BOOL) return reinterpret(e, em_convert(e, flat, TP_U8), to);
+  if (to == TP_BOOL) {
+    tp_val u = reinterpret(e, flat, TP_U8);
+    return em_convert(e, u, TP_BOOL);
+  }
+  size_t fs = tp_dtype_size(from), ts = tp_dtype_size(to);
+  if (fs == ts) {
+    tp_type r = tp_type_make(to, 1, &n);
+    return em_bitcast(e, flat, &r);
+  }
+  if (fs < ts) {
+    int64_t ratio = (int64_t)(ts / fs);
+    if (n % ratio) return em_fail(e, TP_INVALID_ARGUMENT, "storage of %" PRId64 " %s elements cannot be viewed as %s", n, tp_dtype_name(from), tp_dtype_name(to));
+    int64_t d2[2] = {n / ratio, ratio};
+    tp_val g = em_reshape(e, flat, 2, d2);
+    tp_type r = tp_type_make(to, 1, d2);
+    return em_bitcast(e, g, &r);
+  }
+  int64_t ratio = (int64_t)(fs / ts);
+  int64_t d2[2] = {n, ratio};
+  tp_type r = tp_type_make(to, 2, d2);
+  tp_val g = em_bitcast(e, flat, &r);
+  int64_t m = n * ratio;
+  return em_reshape(e, g, 1, &m);
+}
+
+/* A strided view described as a slice of a dense "box": the dims that
+ * matter (size > 1, stride > 0) sorted by stride, outermost first. */
+typedef struct box_plan {
+  int k;                         /* number of such dims */
+  int order[TP_MAX_RANK];        /* dim indices, by decreasing stride */
+  int64_t box[TP_MAX_RANK + 1];  /* box extents (k + 1 dims) */
+  int64_t L;                     /* elements the box spans from the offset */
+  int expanded;                  /* some dim has stride 0 and size > 1 */
+} box_plan;
+
+static int plan_box(const tp_tensor_ref *r, box_plan *p) {
+  p->k = 0;
+  p->expanded = 0;
+  for (int i = 0; i < r->rank; i++) {
+    if (r->sizes[i] <= 1) continue;
+    if (r->strides[i] == 0) {
+      p->expanded = 1;
+      continue;
+    }
+    if (r->strides[i] < 0) return 0;
+    /* insertion sort by decreasing stride (stable) */
+    int j = p->k++;
+    while (j > 0 && r->strides[p->order[j - 1]] < r->strides[i]) {
+      p->order[j] = p->order[j - 1];
+      j--;
+    }
+    p->order[j] = i;
+  }
+  if (p->k == 0) {
+    p->box[0] = 1;
+    p->L = 1;
+    return 1;
+  }
+  for (int j = 0; j + 1 < p->k; j++) {
+    int64_t so = r->strides[p->order[j]], si = r->strides[p->order[j + 1]];
+    if (so % si || so / si < r->sizes[p->order[j + 1]]) return 0; /* overlapping or interleaved */
+  }
+  p->box[0] = r->sizes[p->order[0]];
+  for (int j = 1; j < p->k; j++) p->box[j] = r->strides[p->order[j - 1]] / r->strides[p->order[j]];
+  p->box[p->k] = r->strides[p->order[p->k - 1]];
+  p->L = p->box[0] * r->strides[p->order[0]];
+  return 1;
+}
+
+static int64_t ref_numel(const tp_tensor_ref *r) {
+  int64_t n = 1;
+  for (int i = 0; i < r->rank; i++) n *= r->sizes[i];
+  return n;
+}
+
+/* Flat element indices of a view: offset + sum(iota_i * stride_i), i64. */
+static tp_val view_indices(tp_emit *e, const tp_tensor_ref *r) {
+  tp_type it = tp_type_make(TP_I64, r->rank, r->sizes);
+  tp_val idx = em_full(e, (double)r->offset, &it);
+  for (int i = 0; i < r->rank; i++) {
+    if (r->sizes[i] <= 1 || r->strides[i] == 0) continue;
+    tp_val io = em_iota(e, &it, i);
+    tp_val s = em_full(e, (double)r->strides[i], &it);
+    idx = em_binary(e, "stablehlo.add", idx, em_binary(e, "stablehlo.multiply", io, s));
+  }
+  return idx;
+}
+
+/* Segment [offset, offset + L) of a flat value, zero-padded past its end,
+ * shaped as the plan's box. */
+static tp_val box_segment(tp_emit *e, tp_val flat, int64_t offset, const box_plan *p) {
+  int64_t n = em_type(e, flat)->dims[0];
+  int64_t end = offset + p->L < n ? offset + p->L : n;
+  tp_val seg = em_slice(e, flat, &offset, &end, NULL);
+  if (end - offset < p->L) {
+    int64_t lo = 0, hi = p->L - (end - offset);
+    seg = em_pad(e, seg, em_const(e, 0, em_type(e, flat)->dt), &lo, &hi, NULL);
+  }
+  return em_reshape(e, seg, p->k + 1, p->box);
+}
+
+static tp_val view_read(tp_emit *e, tp_lower_ctx *c, const tp_tensor_ref *r) {
+  tp_type vt = tp_type_make(r->dt, r->rank, r->sizes);
+  if (ref_numel(r) == 0) return em_full(e, 0, &vt);
+  int s = storage_index(c, r->st);
+  if (s < 0) return em_fail(e, TP_RESOURCE_EXHAUSTED, "too many distinct storages in one op");
+  tp_val flat = c->st_cur[s] >= 0 ? c->st_cur[s] : storage_param(e, c, s);
+  flat = reinterpret(e, flat, r->dt);
+  box_plan p;
+  if (!plan_box(r, &p)) return em_gather_flat(e, flat, view_indices(e, r));
+  /* Dense sub-view in stride order. */
+  tp_val box = box_segment(e, flat, r->offset, &p);
+  int64_t lim[TP_MAX_RANK + 1], start[TP_MAX_RANK + 1] = {0}, sub[TP_MAX_RANK];
+  for (int j = 0; j < p.k; j++) lim[j] = sub[j] = r->sizes[p.order[j]];
+  lim[p.k] = 1;
+  tp_val v = em_slice(e, box, start, lim, NULL);
+  v = em_reshape(e, v, p.k, sub);
+  /* Back to dim order: position q takes the stride-ordered dim whose index is q-th smallest. */
+  int64_t perm[TP_MAX_RANK], shaped[TP_MAX_RANK];
+  int q = 0;
+  for (int i = 0; i < r->rank; i++)
+    for (int j = 0; j < p.k; j++)
+      if (p.order[j] == i) perm[q++] = j;
+  v = em_transpose(e, v, perm);
+  for (int i = 0; i < r->rank; i++) {
+    int used = 0;
+    for (int j = 0; j < p.k; j++) used |= p.order[j] == i;
+    shaped[i] = used ? r->sizes[i] : 1;
+  }
+  v = em_reshape(e, v, r->rank, shaped);
+  if (p.expanded) {
+    int64_t map[TP_MAX_RANK];
+    for (int i = 0; i < r->rank; i++) map[i] = i;
+    v = em_bcast_in_dim(e, v, &vt, map);
+  }
+  return v;
+}
+
+static int full_cover(const tp_tensor_ref *r) {
+  size_t es = tp_dtype_size(r->dt);
+  if (r->offset != 0 || (size_t)ref_numel(r) * es != tp_storage_nbytes(r->st)) return 0;
+  int64_t expect = 1;
+  for (int i = r->rank - 1; i >= 0; i--) {
+    if (r->sizes[i] != 1 && r->strides[i] != expect) return 0;
+    expect *= r->sizes[i];
+  }
+  return 1;
+}
+
+static void view_write(tp_emit *e, tp_lower_ctx *c, const tp_tensor_ref *r, tp_val v) {
+  if (ref_numel(r) == 0) return;
+  int s = storage_index(c, r->st);
+  if (s < 0) {
+    em_fail(e, TP_RESOURCE_EXHAUSTED, "too many distinct storages in one op");
+    return;
+  }
+  v = em_convert(e, v, r->dt);
+  if (full_cover(r)) {
+    int64_t n = ref_numel(r);
+    c->st_cur[s] = reinterpret(e, em_reshape(e, v, 1, &n), c->st_dt[s]);
+    return;
+  }
+  tp_val cur = c->st_cur[s] >= 0 ? c->st_cur[s] : storage_param(e, c, s);
+  tp_val flat = reinterpret(e, cur, r->dt);
+  box_plan p;
+  if (!plan_box(r, &p) || p.expanded) {
+    if (p.expanded) {
+      em_fail(e, TP_INVALID_ARGUMENT,
+              "unsupported operation: more than one element of the written-to tensor refers to a single "
+              "memory location. Please clone() the tensor before performing the operation.");
+      return;
+    }
+    flat = em_scatter_flat(e, flat, view_indices(e, r), v, NULL);
+  } else {
+    /* Value into stride order, then into the box, then back into the flat value. */
+    int64_t sub[TP_MAX_RANK + 1], perm[TP_MAX_RANK], zeros[TP_MAX_RANK + 1] = {0};
+    int q = 0;
+    int64_t compact[TP_MAX_RANK];
+    for (int i = 0; i < r->rank; i++)
+      for (int j = 0; j < p.k; j++)
+        if (p.order[j] == i) compact[q++] = r->sizes[i];
+    v = em_reshape(e, v, p.k, compact);
+    /* compact is in dim order; stride order j is at compact position pos(j). */
+    for (int j = 0; j < p.k; j++) {
+      int pos = 0;
+      for (int i = 0; i < p.order[j]; i++)
+        for (int jj = 0; jj < p.k; jj++) pos += p.order[jj] == i;
+      perm[j] = pos;
+      sub[j] = r->sizes[p.order[j]];
+    }
+    v = em_transpose(e, v, perm);
+    sub[p.k] = 1;
+    v = em_reshape(e, v, p.k + 1, sub);
+    tp_val box = box_segment(e, flat, r->offset, &p);
+    box = em_update_slice(e, box, v, zeros);
+    int64_t n = em_type(e, flat)->dims[0];
+    int64_t keep = r->offset + p.L < n ? p.L : n - r->offset, z = 0;
+    tp_val seg = em_reshape(e, box, 1, &p.L);
+    seg = em_slice(e, seg, &z, &keep, NULL);
+    flat = em_update_slice(e, flat, seg, &r->offset);
+  }
+  c->st_cur[s] = reinterpret(e, flat, c->st_dt[s]);
+}
+
+/* ---- runtime scalars ------------------------------------------------------------------ */
+
+static uint16_t f32_to_bf16(float f) {
+  uint32_t b;
+  memcpy(&b, &f, 4);
+  if ((b & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((b >> 16) | 0x40); /* quiet NaN */
+  b += 0x7fffu + ((b >> 16) & 1u);
+  return (uint16_t)(b >> 16);
+}
+
+static uint16_t f32_to_f16(float f) {
+  uint32_t x;
+  memcpy(&x, &f, 4);
+  uint32_t sign = (x >> 16) & 0x8000u;
+  uint32_t mag = x & 0x7fffffffu;
+  if (mag > 0x7f800000u) return (uint16_t)(sign | 0x7e00u);
+  if (mag >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u); /* overflow (incl. rounding) -> inf */
+  if (mag < 0x38800000u) {                                      /* subnormal or zero in f16 */
+    float a;
+    memcpy(&a, &mag, 4);
+    /* a / 2^-24 rounded to nearest even */
+    float q = a * 16777216.0f;
+    uint32_t r = (uint32_t)q;
+    float frac = q - (float)r;
+    if (frac > 0.5f || (frac == 0.5f && (r & 1u))) r++;
+    return (uint16_t)(sign | r);
+  }
+  uint32_t e = ((mag >> 23) - 112u) << 10;
+  uint32_t m = (mag >> 13) & 0x3ffu;
+  uint32_t h = e | m;
+  uint32_t rest = mag & 0x1fffu;
+  if (rest > 0x1000u || (rest == 0x1000u && (h & 1u))) h++;
+  return (uint16_t)(sign | h);
+}
+
+/* Host bytes of a scalar argument converted to `dt` (C conversions, which
+ * match PyTorch's for in-range values). */
+static void scalar_bytes(const tp_arg *a, tp_dtype dt, unsigned char out[16]) {
+  int isf = tp_dtype_is_float(a->sdt) || tp_dtype_is_complex(a->sdt);
+  double f = isf ? a->f : (double)a->i;
+  int64_t i = isf ? (int64_t)a->f : a->i;
+  memset(out, 0, 16);
+  switch (dt) {
+    case TP_BOOL: out[0] = isf ? f != 0 : i != 0; break;
+    case TP_U8: { uint8_t v = (uint8_t)i; memcpy(out, &v, 1); } break;
+    case TP_I8: { int8_t v = (int8_t)i; memcpy(out, &v, 1); } break;
+    case TP_I16: { int16_t v = (int16_t)i; memcpy(out, &v, 2); } break;
+    case TP_U16: { uint16_t v = (uint16_t)i; memcpy(out, &v, 2); } break;
+    case TP_I32: { int32_t v = (int32_t)i; memcpy(out, &v, 4); } break;
+    case TP_U32: { uint32_t v = (uint32_t)i; memcpy(out, &v, 4); } break;
+    case TP_I64: case TP_U64: memcpy(out, &i, 8); break;
+    case TP_F16: { uint16_t v = f32_to_f16((float)f); memcpy(out, &v, 2); } break;
+    case TP_BF16: { uint16_t v = f32_to_bf16((float)f); memcpy(out, &v, 2); } break;
+    case TP_F32: case TP_C64: { float v = (float)f; memcpy(out, &v, 4); } break;
+    case TP_F64: case TP_C128: memcpy(out, &f, 8); break;
+    default: break;
+  }
+}
+
+/* Uploaded scalars, reused: a direct-mapped table keyed by (device, dtype, bytes). */
+#define NSCALARS 512
+static struct {
+  tp_buffer *buf;
+  int device;
+  tp_dtype dt;
+  unsigned char bytes[16];
+} g_scalars[NSCALARS];
+
+static tp_status *scalar_buffer(tp_plugin *p, int device, const tp_arg *a, tp_dtype dt, tp_buffer **out) {
+  unsigned char b[16];
+  scalar_bytes(a, dt, b);
+  uint64_t h = hash_bytes(b, 16) ^ ((uint64_t)dt * 31u + (uint64_t)device * 1000003u);
+  size_t slot = h % NSCALARS;
+  if (g_scalars[slot].buf && g_scalars[slot].device == device && g_scalars[slot].dt == dt &&
+      !memcmp(g_scalars[slot].bytes, b, 16)) {
+    *out = g_scalars[slot].buf;
+    return NULL;
+  }
+  tp_buffer *nb = NULL;
+  TP_RETURN_IF_ERROR(tp_buffer_from_host(p, device, dt, NULL, 0, b, &nb));
+  g_stats.h2d_transfers++;
+  g_stats.h2d_bytes += (int64_t)tp_dtype_size(dt);
+  tp_buffer_free(g_scalars[slot].buf);
+  g_scalars[slot].buf = nb;
+  g_scalars[slot].device = device;
+  g_scalars[slot].dt = dt;
+  memcpy(g_scalars[slot].bytes, b, 16);
+  *out = nb;
+  return NULL;
+}
+
+/* ---- keys ------------------------------------------------------------------------------- */
+
+static void key_ref(kbuf *k, tp_lower_ctx *c, const tp_tensor_ref *r) {
+  int s = storage_index(c, r->st);
+  kb_i64(k, s);
+  kb_i64(k, r->dt);
+  kb_i64(k, r->rank);
+  kb_put(k, r->sizes, sizeof(int64_t) * (size_t)r->rank);
+  kb_put(k, r->strides, sizeof(int64_t) * (size_t)r->rank);
+  kb_i64(k, r->offset);
+}
+
+static void build_key(kbuf *k, tp_lower_ctx *c, const char *op, const tp_eager_arg *args, int nargs,
+                      const tp_type *out_types, const tp_tensor_ref *outs, int nouts) {
+  kb_put(k, op, strlen(op) + 1);
+  for (int i = 0; i < nargs; i++) {
+    const tp_arg *a = &args[i].a;
+    kb_i64(k, a->kind);
+    switch (a->kind) {
+      case TP_ARG_TENSOR: key_ref(k, c, args[i].t); break;
+      case TP_ARG_SCALAR: kb_i64(k, a->sdt * 2 + (a->wrapped != 0)); break;
+      case TP_ARG_INT: case TP_ARG_BOOL: kb_i64(k, a->i); break;
+      case TP_ARG_FLOAT: kb_put(k, &a->f, sizeof a->f); break;
+      case TP_ARG_INTS: kb_i64(k, a->n); kb_put(k, a->ints, sizeof(int64_t) * (size_t)a->n); break;
+      case TP_ARG_STR: kb_put(k, a->s, strlen(a->s) + 1); break;
+      case TP_ARG_TENSORS:
+        kb_i64(k, a->n);
+        for (int j = 0; j < a->n; j++) {
+          if (args[i].ts[j]) key_ref(k, c, args[i].ts[j]);
+          else kb_i64(k, -1);
+        }
+        break;
+      case TP_ARG_NONE: break;
+    }
+  }
+  for (int i = 0; i < nouts; i++) {
+    key_ref(k, c, &outs[i]);
+    if (out_types) {
+      kb_i64(k, out_types[i].dt);
+      kb_i64(k, out_types[i].rank);
+      kb_put(k, out_types[i].dims, sizeof(int64_t) * (size_t)out_types[i].rank);
+    }
+  }
+  for (int s = 0; s < c->nst; s++) {
+    kb_i64(k, c->st_dt[s]);
+    kb_i64(k, c->st_numel[s]);
+  }
+}
+
+/* ---- build ----------------------------------------------------------------------------- */
+
+static int64_t now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+static tp_status *build_entry(tp_plugin *p, tp_lower_ctx *c, const char *op, tp_lower_fn fn, const tp_eager_arg *args,
+                              int nargs, const tp_type *out_types, const tp_tensor_ref *outs, int nouts,
+                              entry **out) {
+  tp_status *st = NULL;
+  tp_emit *e = em_new();
+  tp_arg *la = calloc((size_t)nargs + 1, sizeof(tp_arg));
+  tp_val **lists = calloc((size_t)nargs + 1, sizeof(tp_val *));
+  tp_type *ot = calloc((size_t)nouts + 1, sizeof(tp_type));
+  tp_val *ov = calloc((size_t)nouts + 1, sizeof(tp_val));
+  tp_val *res = calloc((size_t)c->nst + 1, sizeof(tp_val));
+  entry *en = calloc(1, sizeof(entry));
+  if (!e || !la || !lists || !ot || !ov || !res || !en) {
+    st = tp_error(TP_RESOURCE_EXHAUSTED, "out of host memory building %s", op);
+    goto done;
+  }
+  for (int i = 0; i < nargs; i++) {
+    la[i] = args[i].a;
+    if (la[i].kind == TP_ARG_TENSOR) la[i].v = view_read(e, c, args[i].t);
+    if (la[i].kind == TP_ARG_TENSORS) {
+      lists[i] = calloc((size_t)la[i].n + 1, sizeof(tp_val));
+      if (!lists[i]) {
+        st = tp_error(TP_RESOURCE_EXHAUSTED, "out of host memory");
+        goto done;
+      }
+      for (int j = 0; j < la[i].n; j++) lists[i][j] = args[i].ts[j] ? view_read(e, c, args[i].ts[j]) : -1;
+      la[i].vs = lists[i];
+    }
+  }
+  for (int i = 0; i < nouts; i++) {
+    ot[i] = out_types ? out_types[i] : tp_type_make(outs[i].dt, outs[i].rank, outs[i].sizes);
+    ov[i] = -1;
+  }
+  tp_node n = {op, nargs, la, nouts, ot, c, cb_scalar, cb_rng_key};
+  if (!em_failed(e)) fn(e, &n, ov);
+  for (int i = 0; i < nouts && !em_failed(e); i++) {
+    if (ov[i] < 0) {
+      em_fail(e, TP_INTERNAL, "lowering of %s produced no value for output %d", op, i);
+      break;
+    }
+    const tp_type *vt = em_type(e, ov[i]);
+    int same = vt->rank == outs[i].rank;
+    for (int d = 0; same && d < vt->rank; d++) same = vt->dims[d] == outs[i].sizes[d];
+    if (!same) {
+      char a[256], b[256];
+      tp_type want = tp_type_make(outs[i].dt, outs[i].rank, outs[i].sizes);
+      em_fail(e, TP_INTERNAL, "lowering of %s produced %s for output %d, expected shape of %s", op,
+              tp_type_str(vt, a, sizeof a), i, tp_type_str(&want, b, sizeof b));
+      break;
+    }
+    view_write(e, c, &outs[i], ov[i]);
+  }
+  int nres = 0;
+  en->res_storage = calloc((size_t)c->nst + 1, sizeof(int));
+  if (!en->res_storage) {
+    st = tp_error(TP_RESOURCE_EXHAUSTED, "out of host memory");
+    goto done;
+  }
+  for (int s = 0; s < c->nst; s++)
+    if (c->st_cur[s] >= 0) {
+      res[nres] = c->st_cur[s];
+      en->res_storage[nres++] = s;
+    }
+  const char *text = em_finish(e, res, nres);
+  if (!text) {
+    st = em_take_error(e);
+    if (!st) st = tp_error(TP_INTERNAL, "could not build a program for %s", op);
+    goto done;
+  }
+  const char *dump = getenv("TORCH_PJRT_DUMP_MLIR");
+  if (dump && dump[0] == '1') fprintf(stderr, "// torch-pjrt program for %s\n%s\n", op, text);
+  int64_t t0 = now_ns();
+  st = tp_compile(p, text, strlen(text), &en->exec);
+  g_stats.compile_ns += now_ns() - t0;
+  g_stats.compiles++;
+  if (st) {
+    st = tp_error_wrap(st, "compiling %s (set TORCH_PJRT_DUMP_MLIR=1 to see the program)", op);
+    goto done;
+  }
+  en->nres = nres;
+  en->nparams = c->nparams;
+  en->params = c->params;
+  c->params = NULL;
+  c->nparams = c->capparams = 0;
+  for (int i = 0; i < nouts; i++) {
+    int64_t m = ref_numel(&outs[i]);
+    en->rng_count += (uint64_t)(m > 0 ? m : 1);
+  }
+  *out = en;
+  en = NULL;
+done:
+  if (lists)
+    for (int i = 0; i < nargs; i++) free(lists[i]);
+  free(lists);
+  free(la);
+  free(ot);
+  free(ov);
+  free(res);
+  entry_free(en);
+  em_free(e);
+  return st;
+}
+
+/* ---- run -------------------------------------------------------------------------------- */
+
+static tp_status *zero_buffer(tp_plugin *p, tp_storage *s, tp_dtype dt) {
+  size_t nb = tp_storage_nbytes(s), es = tp_dtype_size(dt);
+  if (!es || nb % es) dt = TP_U8, es = 1;
+  void *z = calloc(nb + 1, 1);
+  if (!z) return tp_error(TP_RESOURCE_EXHAUSTED, "out of host memory");
+  int64_t n = (int64_t)(nb / es);
+  tp_buffer *b = NULL;
+  tp_status *st = tp_buffer_from_host(p, tp_storage_device(s), dt, &n, 1, z, &b);
+  free(z);
+  if (st) return st;
+  g_stats.h2d_transfers++;
+  g_stats.h2d_bytes += (int64_t)nb;
+  tp_storage_set_buffer(s, b);
+  return NULL;
+}
+
+static tp_status *need_read(tp_plugin *p, tp_lower_ctx *c, const tp_tensor_ref *r) {
+  int s = storage_index(c, r->st);
+  if (s < 0) return tp_error(TP_RESOURCE_EXHAUSTED, "too many distinct storages in one op");
+  if (ref_numel(r) == 0) return NULL;
+  if (!tp_storage_buffer(r->st)) TP_RETURN_IF_ERROR(zero_buffer(p, r->st, r->dt));
+  return NULL;
+}
+
+static tp_status *run_locked(tp_plugin *p, tp_lower_ctx *c, const char *op, const tp_eager_arg *args, int nargs,
+                             const tp_type *out_types, const tp_tensor_ref *outs, int nouts) {
+  tp_lower_fn fn = tp_lower_find(op);
+  if (!fn) return tp_error(TP_UNIMPLEMENTED, "no lowering for %s", op);
+  int device = -1;
+  c->args = args;
+  c->nargs = nargs;
+  /* Index storages in a fixed order (inputs, then outputs) and make sure
+   * every storage that is read has a buffer. */
+  for (int i = 0; i < nargs; i++) {
+    if (args[i].a.kind == TP_ARG_TENSOR) {
+      TP_RETURN_IF_ERROR(need_read(p, c, args[i].t));
+      if (device < 0) device = tp_storage_device(args[i].t->st);
+    } else if (args[i].a.kind == TP_ARG_TENSORS) {
+      for (int j = 0; j < args[i].a.n; j++)
+        if (args[i].ts[j]) {
+          TP_RETURN_IF_ERROR(need_read(p, c, args[i].ts[j]));
+          if (device < 0) device = tp_storage_device(args[i].ts[j]->st);
+        }
+    }
+  }
+  int64_t total_out = 0;
+  for (int i = 0; i < nouts; i++) {
+    if (storage_index(c, outs[i].st) < 0) return tp_error(TP_RESOURCE_EXHAUSTED, "too many storages");
+    if (!full_cover(&outs[i])) TP_RETURN_IF_ERROR(need_read(p, c, &outs[i]));
+    if (device < 0) device = tp_storage_device(outs[i].st);
+    total_out += ref_numel(&outs[i]);
+  }
+  if (device < 0) device = 0;
+  for (int s = 0; s < c->nst; s++) {
+    tp_buffer *b = tp_storage_buffer(c->st[s]);
+    c->st_dt[s] = b ? tp_buffer_dtype(b) : TP_DTYPE_INVALID;
+    c->st_numel[s] = b ? tp_buffer_numel(b) : -1;
+    if (tp_storage_device(c->st[s]) != device)
+      return tp_error(TP_INVALID_ARGUMENT,
+                      "Expected all tensors to be on the same device, but found at least two devices, tpu:%d and tpu:%d!",
+                      device, tp_storage_device(c->st[s]));
+  }
+  if (nouts > 0 && total_out == 0) return NULL; /* only empty outputs: nothing to compute */
+
+  kbuf k;
+  kb_init(&k);
+  build_key(&k, c, op, args, nargs, out_types, outs, nouts);
+  if (k.oom) {
+    kb_free(&k);
+    return tp_error(TP_RESOURCE_EXHAUSTED, "out of host memory");
+  }
+  uint64_t h = hash_bytes(k.p, k.len);
+  entry *en = cache_find(&k, h);
+  tp_status *st = NULL;
+  int uncached = 0;
+  if (en) {
+    g_stats.cache_hits++;
+  } else {
+    g_stats.cache_misses++;
+    st = build_entry(p, c, op, fn, args, nargs, out_types, outs, nouts, &en);
+    if (!st) {
+      en->hash = h;
+      en->keylen = k.len;
+      en->key = malloc(k.len);
+      if (en->key) {
+        memcpy(en->key, k.p, k.len);
+        cache_insert(en);
+      } else {
+        uncached = 1;
+      }
+    }
+  }
+  kb_free(&k);
+  if (st) return st;
+
+  /* Gather parameters and run. */
+  tp_buffer *inb[256], *tmp[256], *outb[MAX_STORAGES > 256 ? 256 : MAX_STORAGES];
+  tp_buffer **in = en->nparams <= 256 ? inb : calloc((size_t)en->nparams, sizeof(tp_buffer *));
+  tp_buffer **ob = en->nres <= 256 ? outb : calloc((size_t)en->nres, sizeof(tp_buffer *));
+  int ntmp = 0;
+  if (!in || !ob) {
+    st = tp_error(TP_RESOURCE_EXHAUSTED, "out of host memory");
+    goto out;
+  }
+  for (int i = 0; i < en->nparams && !st; i++) {
+    const param_src *ps = &en->params[i];
+    if (ps->kind == SRC_STORAGE) {
+      in[i] = tp_storage_buffer(c->st[ps->idx]);
+    } else if (ps->kind == SRC_SCALAR) {
+      st = scalar_buffer(p, device, &args[ps->idx].a, ps->dt, &in[i]);
+    } else {
+      uint64_t key[2];
+      tp_runtime_rng_advance(device, en->rng_count, &key[0], &key[1]);
+      int64_t two = 2;
+      st = tp_buffer_from_host(p, device, TP_U64, &two, 1, key, &in[i]);
+      if (!st && ntmp < 256) tmp[ntmp++] = in[i];
+    }
+  }
+  if (!st) st = tp_execute(en->exec, device, in, en->nparams, 0, ob, en->nres);
+  if (!st) {
+    g_stats.executions++;
+    for (int j = 0; j < en->nres; j++) tp_storage_set_buffer(c->st[en->res_storage[j]], ob[j]);
+  }
+out:
+  for (int i = 0; i < ntmp; i++) tp_buffer_free(tmp[i]);
+  if (in != inb) free(in);
+  if (ob != outb) free(ob);
+  if (uncached) entry_free(en);
+  if (st) st = tp_error_wrap(st, "%s", op);
+  return st;
+}
+
+tp_status *tp_eager_run(const char *op, const tp_eager_arg *args, int nargs, const tp_type *out_types,
+                        const tp_tensor_ref *outs, int nouts) {
+  tp_plugin *p = tp_runtime_plugin();
+  if (!p) return tp_error(TP_FAILED_PRECONDITION, "the tpu runtime is not initialised (import torch_pjrt first)");
+  tp_lower_ctx *c = calloc(1, sizeof(tp_lower_ctx));
+  if (!c) return tp_error(TP_RESOURCE_EXHAUSTED, "out of host memory");
+  tp_storage_lock();
+  tp_status *st = run_locked(p, c, op, args, nargs, out_types, outs, nouts);
+  tp_storage_unlock();
+  free(c->params);
+  free(c);
+  return st;
+}
+
+/* ---- host transfers ----------------------------------------------------------------------- */
+
+static tp_tensor_ref dense_ref(tp_storage *s, tp_dtype dt, int rank, const int64_t *sizes) {
+  tp_tensor_ref r;
+  memset(&r, 0, sizeof r);
+  r.st = s;
+  r.dt = dt;
+  r.rank = rank;
+  int64_t stride = 1;
+  for (int i = rank - 1; i >= 0; i--) {
+    r.sizes[i] = sizes[i];
+    r.strides[i] = stride;
+    stride *= sizes[i];
+  }
+  return r;
+}
+
+static tp_status *copy_view(const tp_tensor_ref *src, const tp_tensor_ref *dst) {
+  tp_eager_arg a;
+  memset(&a, 0, sizeof a);
+  a.a.kind = TP_ARG_TENSOR;
+  a.t = src;
+  return tp_eager_run("tp::copy", &a, 1, NULL, dst, 1);
+}
+
+tp_status *tp_eager_write_host(const tp_tensor_ref *dst, const void *host) {
+  tp_plugin *p = tp_runtime_plugin();
+  if (!p) return tp_error(TP_FAILED_PRECONDITION, "the tpu runtime is not initialised");
+  int64_t n = ref_numel(dst);
+  if (n == 0) return NULL;
+  tp_status *st = NULL;
+  int dev = tp_storage_device(dst->st);
+  tp_storage_lock();
+  if (full_cover(dst)) {
+    tp_buffer *b = NULL;
+    st = tp_buffer_from_host(p, dev, dst->dt, &n, 1, host, &b);
+    if (!st) {
+      tp_storage_set_buffer(dst->st, b);
+      g_stats.h2d_transfers++;
+      g_stats.h2d_bytes += n * (int64_t)tp_dtype_size(dst->dt);
+    }
+  } else {
+    tp_storage *tmp = tp_storage_new(dev, (size_t)n * tp_dtype_size(dst->dt));
+    if (!tmp) st = tp_error(TP_RESOURCE_EXHAUSTED, "out of host memory");
+    tp_tensor_ref src = dense_ref(tmp, dst->dt, dst->rank, dst->sizes);
+    if (!st) st = tp_eager_write_host(&src, host);
+    if (!st) st = copy_view(&src, dst);
+    tp_storage_free(tmp);
+  }
+  tp_storage_unlock();
+  return st;
+}
+
+tp_status *tp_eager_read_host(const tp_tensor_ref *src, void *host) {
+  tp_plugin *p = tp_runtime_plugin();
+  if (!p) return tp_error(TP_FAILED_PRECONDITION, "the tpu runtime is not initialised");
+  int64_t n = ref_numel(src);
+  size_t nbytes = (size_t)n * tp_dtype_size(src->dt);
+  if (n == 0) return NULL;
+  tp_status *st = NULL;
+  tp_storage_lock();
+  tp_buffer *b = tp_storage_buffer(src->st);
+  if (!b) {
+    memset(host, 0, nbytes);
+  } else if (full_cover(src) && tp_buffer_dtype(b) == src->dt) {
+    st = tp_buffer_to_host(b, host, nbytes);
+    if (!st) {
+      g_stats.d2h_transfers++;
+      g_stats.d2h_bytes += (int64_t)nbytes;
+    }
+  } else {
+    tp_storage *tmp = tp_storage_new(tp_storage_device(src->st), nbytes);
+    if (!tmp) st = tp_error(TP_RESOURCE_EXHAUSTED, "out of host memory");
+    tp_tensor_ref dst = dense_ref(tmp, src->dt, src->rank, src->sizes);
+    if (!st) st = copy_view(src, &dst);
+    if (!st) st = tp_eager_read_host(&dst, host);
+    tp_storage_free(tmp);
+  }
+  tp_storage_unlock();
+  return st;
+}
+
+tp_status *tp_eager_synchronize(int device) { return tp_storage_await_all(device); }

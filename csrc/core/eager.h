@@ -1,0 +1,70 @@
+/* eager.h - run one ATen op on "tpu" tensors.
+ *
+ * The engine turns (op, arguments, outputs) into a one-op StableHLO program:
+ * each distinct storage becomes a flat parameter, tensor views are
+ * materialised from it inside the program (slice/reshape/transpose, or a
+ * gather for overlapping views), the lowering rule runs, and results are
+ * written back into the output storages (whole-buffer replacement, or an
+ * update of just the viewed elements).  Programs are cached by a key built
+ * from everything that shapes the program: op, dtypes, sizes, strides,
+ * offsets, storage sizes and static attributes.  Runtime scalars (Python
+ * numbers) and RNG keys are program parameters, so new values never
+ * recompile.
+ */
+#ifndef TP_EAGER_H
+#define TP_EAGER_H
+
+#include "lower.h"
+#include "storage.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* A tensor as PyTorch sees it: a view (dtype, sizes, strides, offset in
+ * elements) of a storage. */
+typedef struct tp_tensor_ref {
+  tp_storage *st;
+  tp_dtype dt;
+  int rank;
+  int64_t sizes[TP_MAX_RANK];
+  int64_t strides[TP_MAX_RANK];
+  int64_t offset;
+} tp_tensor_ref;
+
+/* One op argument: `a` as in lower.h, with tensors given as refs instead of
+ * values (a.v / a.vs are ignored). */
+typedef struct tp_eager_arg {
+  tp_arg a;
+  const tp_tensor_ref *t;            /* TP_ARG_TENSOR */
+  const tp_tensor_ref *const *ts;    /* TP_ARG_TENSORS: a.n entries, NULL = None */
+} tp_eager_arg;
+
+/* Run `op`.  `out_types[i]` is the type the op produces for output i (NULL:
+ * the output ref's own dtype and sizes); the value is converted to
+ * outs[i].dt when they differ (out= arguments).  All tensors must be on
+ * one device. */
+tp_status *tp_eager_run(const char *op, const tp_eager_arg *args, int nargs, const tp_type *out_types,
+                        const tp_tensor_ref *outs, int nouts);
+
+/* Host <-> device for one view.  `host` is dense row-major data of the
+ * view's dtype and numel. */
+tp_status *tp_eager_write_host(const tp_tensor_ref *dst, const void *host);
+tp_status *tp_eager_read_host(const tp_tensor_ref *src, void *host);
+/* Wait for every pending computation whose result lives on `device`
+ * (-1: all devices). */
+tp_status *tp_eager_synchronize(int device);
+
+typedef struct tp_eager_stats {
+  int64_t cache_hits, cache_misses, compiles, compile_ns, executions;
+  int64_t h2d_transfers, h2d_bytes, d2h_transfers, d2h_bytes;
+  int64_t cached_programs;
+} tp_eager_stats;
+void tp_eager_get_stats(tp_eager_stats *out);
+/* Drop all cached programs (tests; releases memory). */
+void tp_eager_clear_cache(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

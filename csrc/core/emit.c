@@ -1,0 +1,660 @@
+/* emit.c - StableHLO text builder (see emit.h). */
+#include "emit.h"
+
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct sbuf {
+  char *p;
+  size_t len, cap;
+  int oom;
+} sbuf;
+
+static void sb_vprintf(sbuf *b, const char *fmt, va_list ap) {
+  if (b->oom) return;
+  for (;;) {
+    va_list aq;
+    va_copy(aq, ap);
+    size_t room = b->cap - b->len;
+    int n = vsnprintf(b->p ? b->p + b->len : NULL, b->p ? room : 0, fmt, aq);
+    va_end(aq);
+    if (n < 0) {
+      b->oom = 1;
+      return;
+    }
+    if (b->p && (size_t)n < room) {
+      b->len += (size_t)n;
+      return;
+    }
+    size_t ncap = b->cap ? b->cap * 2 : 1024;
+    while (ncap < b->len + (size_t)n + 1) ncap *= 2;
+    char *np = realloc(b->p, ncap);
+    if (!np) {
+      b->oom = 1;
+      return;
+    }
+    b->p = np;
+    b->cap = ncap;
+  }
+}
+
+static void sb_printf(sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void sb_printf(sbuf *b, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  sb_vprintf(b, fmt, ap);
+  va_end(ap);
+}
+
+struct tp_emit {
+  tp_type *types; /* indexed by value id */
+  int nvals, capvals;
+  tp_val *params;
+  int nparams, capparams;
+  sbuf body;
+  sbuf module;
+  tp_status *err;
+};
+
+int64_t tp_type_numel(const tp_type *t) {
+  int64_t n = 1;
+  for (int i = 0; i < t->rank; i++) n *= t->dims[i];
+  return n;
+}
+
+tp_type tp_type_make(tp_dtype dt, int rank, const int64_t *dims) {
+  tp_type t;
+  memset(&t, 0, sizeof(t));
+  t.dt = dt;
+  t.rank = rank;
+  for (int i = 0; i < rank && i < TP_MAX_RANK; i++) t.dims[i] = dims[i];
+  return t;
+}
+
+const char *tp_type_str(const tp_type *t, char *buf, size_t cap) {
+  size_t n = (size_t)snprintf(buf, cap, "tensor<");
+  for (int i = 0; i < t->rank && n < cap; i++) n += (size_t)snprintf(buf + n, cap - n, "%" PRId64 "x", t->dims[i]);
+  const char *el = tp_dtype_mlir(t->dt);
+  if (n < cap) snprintf(buf + n, cap - n, "%s>", el ? el : "?");
+  return buf;
+}
+
+tp_emit *em_new(void) { return calloc(1, sizeof(tp_emit)); }
+
+void em_free(tp_emit *e) {
+  if (!e) return;
+  free(e->types);
+  free(e->params);
+  free(e->body.p);
+  free(e->module.p);
+  tp_status_free(e->err);
+  free(e);
+}
+
+tp_val em_fail(tp_emit *e, tp_code code, const char *fmt, ...) {
+  if (e->err) return -1;
+  char msg[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  e->err = tp_error(code, "%s", msg);
+  return -1;
+}
+
+int em_failed(const tp_emit *e) { return e->err != NULL || e->body.oom; }
+
+tp_status *em_take_error(tp_emit *e) {
+  tp_status *s = e->err;
+  e->err = NULL;
+  if (!s && e->body.oom) s = tp_error(TP_RESOURCE_EXHAUSTED, "out of memory building a program");
+  return s;
+}
+
+static tp_val new_val(tp_emit *e, const tp_type *t) {
+  if (e->nvals == e->capvals) {
+    int nc = e->capvals ? e->capvals * 2 : 64;
+    tp_type *nt = realloc(e->types, sizeof(tp_type) * (size_t)nc);
+    if (!nt) return em_fail(e, TP_RESOURCE_EXHAUSTED, "out of memory building a program");
+    e->types = nt;
+    e->capvals = nc;
+  }
+  e->types[e->nvals] = *t;
+  return e->nvals++;
+}
+
+const tp_type *em_type(const tp_emit *e, tp_val v) {
+  static const tp_type bad = {TP_F32, 0, {0}};
+  if (v < 0 || v >= e->nvals) return &bad;
+  return &e->types[v];
+}
+
+static int bad(tp_emit *e, tp_val v) {
+  if (em_failed(e)) return 1;
+  if (v < 0 || v >= e->nvals) {
+    em_fail(e, TP_INTERNAL, "lowering used an invalid value id %d", v);
+    return 1;
+  }
+  return 0;
+}
+
+tp_val em_param(tp_emit *e, const tp_type *t) {
+  tp_val v = new_val(e, t);
+  if (v < 0) return v;
+  if (e->nparams == e->capparams) {
+    int nc = e->capparams ? e->capparams * 2 : 8;
+    tp_val *np = realloc(e->params, sizeof(tp_val) * (size_t)nc);
+    if (!np) return em_fail(e, TP_RESOURCE_EXHAUSTED, "out of memory building a program");
+    e->params = np;
+    e->capparams = nc;
+  }
+  e->params[e->nparams++] = v;
+  return v;
+}
+
+int em_num_params(const tp_emit *e) { return e->nparams; }
+
+static void put_types(sbuf *b, const tp_emit *e, const tp_val *vs, int n) {
+  char tb[256];
+  for (int i = 0; i < n; i++) sb_printf(b, "%s%s", i ? ", " : "", tp_type_str(&e->types[vs[i]], tb, sizeof tb));
+}
+
+const char *em_finish(tp_emit *e, const tp_val *results, int n) {
+  for (int i = 0; i < n; i++)
+    if (bad(e, results[i])) return NULL;
+  if (em_failed(e)) return NULL;
+  sbuf *m = &e->module;
+  m->len = 0;
+  char tb[256];
+  sb_printf(m, "module @tp_program attributes {mhlo.num_partitions = 1 : i32, mhlo.num_replicas = 1 : i32} {\n");
+  sb_printf(m, "  func.func public @main(");
+  for (int i = 0; i < e->nparams; i++)
+    sb_printf(m, "%s%%v%d: %s", i ? ", " : "", e->params[i], tp_type_str(&e->types[e->params[i]], tb, sizeof tb));
+  sb_printf(m, ") -> (");
+  put_types(m, e, results, n);
+  sb_printf(m, ") {\n%s", e->body.p ? e->body.p : "");
+  sb_printf(m, "    \"func.return\"(");
+  for (int i = 0; i < n; i++) sb_printf(m, "%s%%v%d", i ? ", " : "", results[i]);
+  sb_printf(m, ") : (");
+  put_types(m, e, results, n);
+  sb_printf(m, ") -> ()\n  }\n}\n");
+  if (m->oom) {
+    em_fail(e, TP_RESOURCE_EXHAUSTED, "out of memory building a program");
+    return NULL;
+  }
+  return m->p;
+}
+
+/* Write "%vN = "name"(ins) {attrs} : (in types) -> out type" */
+static tp_val emit_line(tp_emit *e, const char *name, const char *attrs, const tp_val *in, int nin,
+                        const tp_type *out) {
+  for (int i = 0; i < nin; i++)
+    if (bad(e, in[i])) return -1;
+  tp_val v = new_val(e, out);
+  if (v < 0) return v;
+  char tb[256];
+  sbuf *b = &e->body;
+  sb_printf(b, "    %%v%d = \"%s\"(", v, name);
+  for (int i = 0; i < nin; i++) sb_printf(b, "%s%%v%d", i ? ", " : "", in[i]);
+  sb_printf(b, ")");
+  if (attrs && attrs[0]) sb_printf(b, " {%s}", attrs);
+  sb_printf(b, " : (");
+  put_types(b, e, in, nin);
+  sb_printf(b, ") -> %s\n", tp_type_str(out, tb, sizeof tb));
+  return v;
+}
+
+tp_val em_op(tp_emit *e, const char *name, const char *attrs, const tp_val *in, int nin, const tp_type *out) {
+  return emit_line(e, name, attrs, in, nin, out);
+}
+
+/* ---- constants ------------------------------------------------------------ */
+
+static tp_val const_text(tp_emit *e, const char *lit, tp_dtype dt) {
+  tp_type t = tp_type_make(dt, 0, NULL);
+  char attrs[160], tb[64];
+  snprintf(attrs, sizeof attrs, "value = dense<%s> : %s", lit, tp_type_str(&t, tb, sizeof tb));
+  return emit_line(e, "stablehlo.constant", attrs, NULL, 0, &t);
+}
+
+tp_val em_const(tp_emit *e, double v, tp_dtype dt) {
+  char lit[64];
+  if (dt == TP_BOOL) return const_text(e, v != 0 ? "true" : "false", TP_BOOL);
+  if (tp_dtype_is_int(dt)) return em_const_i(e, (int64_t)v, dt);
+  if (tp_dtype_is_complex(dt)) {
+    tp_dtype part = dt == TP_C64 ? TP_F32 : TP_F64;
+    tp_val re = em_const(e, v, part), im = em_const(e, 0, part);
+    tp_type t = tp_type_make(dt, 0, NULL);
+    tp_val in[2] = {re, im};
+    return emit_line(e, "stablehlo.complex", NULL, in, 2, &t);
+  }
+  if (dt == TP_F64) {
+    uint64_t bits;
+    memcpy(&bits, &v, 8);
+    snprintf(lit, sizeof lit, "0x%016" PRIX64, bits);
+    return const_text(e, lit, TP_F64);
+  }
+  /* f32 literal (exact for f32; f16/bf16 round from it like PyTorch's cast,
+   * except for double-rounding corner cases that do not occur for the
+   * constants lowerings use). */
+  float f = (float)v;
+  uint32_t bits;
+  memcpy(&bits, &f, 4);
+  snprintf(lit, sizeof lit, "0x%08" PRIX32, bits);
+  tp_val c = const_text(e, lit, TP_F32);
+  return dt == TP_F32 ? c : em_convert(e, c, dt);
+}
+
+tp_val em_const_i(tp_emit *e, int64_t v, tp_dtype dt) {
+  char lit[64];
+  if (dt == TP_BOOL) return const_text(e, v ? "true" : "false", TP_BOOL);
+  if (!tp_dtype_is_int(dt)) return em_const(e, (double)v, dt);
+  if (tp_dtype_is_unsigned(dt))
+    snprintf(lit, sizeof lit, "%" PRIu64,
+             (uint64_t)v & (uint64_t)(dt == TP_U8 ? 0xffu : dt == TP_U16 ? 0xffffu : dt == TP_U32 ? 0xffffffffu : UINT64_MAX));
+  else
+    snprintf(lit, sizeof lit, "%" PRId64, v);
+  return const_text(e, lit, dt);
+}
+
+tp_val em_full(tp_emit *e, double v, const tp_type *t) {
+  tp_val c = em_const(e, v, t->dt);
+  return em_bcast_in_dim(e, c, t, NULL);
+}
+
+tp_val em_iota(tp_emit *e, const tp_type *t, int dim) {
+  char attrs[64];
+  snprintf(attrs, sizeof attrs, "iota_dimension = %d : i64", dim);
+  return emit_line(e, "stablehlo.iota", attrs, NULL, 0, t);
+}
+
+tp_val em_convert(tp_emit *e, tp_val x, tp_dtype dt) {
+  if (bad(e, x)) return -1;
+  tp_type t = e->types[x];
+  if (t.dt == dt) return x;
+  if (tp_dtype_is_complex(t.dt) && !tp_dtype_is_complex(dt)) {
+    /* complex -> real takes the real part, like PyTorch (with a warning there). */
+    tp_type r = t;
+    r.dt = t.dt == TP_C64 ? TP_F32 : TP_F64;
+    x = emit_line(e, "stablehlo.real", NULL, &x, 1, &r);
+    return em_convert(e, x, dt);
+  }
+  if (dt == TP_BOOL && !tp_dtype_is_complex(t.dt)) {
+    /* x != 0, so NaN -> true as in PyTorch. */
+    tp_val z = em_full(e, 0, &t);
+    return em_compare(e, "NE", x, z);
+  }
+  t.dt = dt;
+  return emit_line(e, "stablehlo.convert", NULL, &x, 1, &t);
+}
+
+tp_val em_bitcast(tp_emit *e, tp_val x, const tp_type *t) {
+  return emit_line(e, "stablehlo.bitcast_convert", NULL, &x, 1, t);
+}
+
+tp_val em_reshape(tp_emit *e, tp_val x, int rank, const int64_t *dims) {
+  if (bad(e, x)) return -1;
+  tp_type t = tp_type_make(e->types[x].dt, rank, dims);
+  if (tp_type_numel(&t) != tp_type_numel(&e->types[x]))
+    return em_fail(e, TP_INTERNAL, "reshape of %" PRId64 " elements to %" PRId64, tp_type_numel(&e->types[x]),
+                   tp_type_numel(&t));
+  const tp_type *s = &e->types[x];
+  if (s->rank == rank && !memcmp(s->dims, dims, sizeof(int64_t) * (size_t)rank)) return x;
+  return emit_line(e, "stablehlo.reshape", NULL, &x, 1, &t);
+}
+
+static void attr_ints(char *buf, size_t cap, const char *name, const int64_t *v, int n) {
+  size_t k = (size_t)snprintf(buf, cap, "%s = array<i64", name);
+  for (int i = 0; i < n && k < cap; i++) k += (size_t)snprintf(buf + k, cap - k, "%s%" PRId64, i ? ", " : ": ", v[i]);
+  if (k < cap) snprintf(buf + k, cap - k, ">");
+}
+
+tp_val em_transpose(tp_emit *e, tp_val x, const int64_t *perm) {
+  if (bad(e, x)) return -1;
+  const tp_type *s = &e->types[x];
+  int ident = 1;
+  tp_type t = *s;
+  for (int i = 0; i < s->rank; i++) {
+    t.dims[i] = s->dims[perm[i]];
+    if (perm[i] != i) ident = 0;
+  }
+  if (ident) return x;
+  char attrs[512];
+  attr_ints(attrs, sizeof attrs, "permutation", perm, s->rank);
+  return emit_line(e, "stablehlo.transpose", attrs, &x, 1, &t);
+}
+
+tp_val em_bcast_in_dim(tp_emit *e, tp_val x, const tp_type *out, const int64_t *map) {
+  if (bad(e, x)) return -1;
+  const tp_type *s = &e->types[x];
+  tp_type t = *out;
+  t.dt = s->dt;
+  if (s->rank == t.rank && !memcmp(s->dims, t.dims, sizeof(int64_t) * (size_t)t.rank)) {
+    int ident = 1;
+    for (int i = 0; map && i < s->rank; i++) ident &= map[i] == i;
+    if (ident) return x;
+  }
+  char attrs[512];
+  attr_ints(attrs, sizeof attrs, "broadcast_dimensions", map, map ? s->rank : 0);
+  return emit_line(e, "stablehlo.broadcast_in_dim", attrs, &x, 1, &t);
+}
+
+tp_val em_bcast_to(tp_emit *e, tp_val x, int rank, const int64_t *dims) {
+  if (bad(e, x)) return -1;
+  const tp_type *s = &e->types[x];
+  if (s->rank > rank) return em_fail(e, TP_INTERNAL, "broadcast to a lower rank");
+  int64_t map[TP_MAX_RANK];
+  for (int i = 0; i < s->rank; i++) {
+    map[i] = rank - s->rank + i;
+    if (s->dims[i] != 1 && s->dims[i] != dims[map[i]])
+      return em_fail(e, TP_INVALID_ARGUMENT, "shapes are not broadcastable (%" PRId64 " vs %" PRId64 ")", s->dims[i],
+                     dims[map[i]]);
+  }
+  tp_type t = tp_type_make(s->dt, rank, dims);
+  return em_bcast_in_dim(e, x, &t, map);
+}
+
+tp_val em_slice(tp_emit *e, tp_val x, const int64_t *start, const int64_t *limit, const int64_t *stride) {
+  if (bad(e, x)) return -1;
+  const tp_type *s = &e->types[x];
+  tp_type t = *s;
+  int64_t ones[TP_MAX_RANK];
+  int ident = 1;
+  for (int i = 0; i < s->rank; i++) {
+    ones[i] = 1;
+    int64_t st = stride ? stride[i] : 1;
+    t.dims[i] = limit[i] > start[i] ? (limit[i] - start[i] + st - 1) / st : 0;
+    if (start[i] != 0 || limit[i] != s->dims[i] || st != 1) ident = 0;
+  }
+  if (ident) return x;
+  char a1[256], a2[256], a3[256], attrs[800];
+  attr_ints(a1, sizeof a1, "start_indices", start, s->rank);
+  attr_ints(a2, sizeof a2, "limit_indices", limit, s->rank);
+  attr_ints(a3, sizeof a3, "strides", stride ? stride : ones, s->rank);
+  snprintf(attrs, sizeof attrs, "%s, %s, %s", a1, a2, a3);
+  return emit_line(e, "stablehlo.slice", attrs, &x, 1, &t);
+}
+
+tp_val em_pad(tp_emit *e, tp_val x, tp_val padval, const int64_t *lo, const int64_t *hi, const int64_t *interior) {
+  if (bad(e, x)) return -1;
+  const tp_type *s = &e->types[x];
+  tp_type t = *s;
+  int64_t zeros[TP_MAX_RANK] = {0};
+  int ident = 1;
+  for (int i = 0; i < s->rank; i++) {
+    int64_t in = interior ? interior[i] : 0;
+    t.dims[i] = lo[i] + hi[i] + s->dims[i] + (s->dims[i] > 0 ? (s->dims[i] - 1) * in : 0);
+    if (lo[i] || hi[i] || in) ident = 0;
+  }
+  if (ident) return x;
+  char a1[256], a2[256], a3[256], attrs[800];
+  attr_ints(a1, sizeof a1, "edge_padding_low", lo, s->rank);
+  attr_ints(a2, sizeof a2, "edge_padding_high", hi, s->rank);
+  attr_ints(a3, sizeof a3, "interior_padding", interior ? interior : zeros, s->rank);
+  snprintf(attrs, sizeof attrs, "%s, %s, %s", a1, a2, a3);
+  tp_val in[2] = {x, padval};
+  return emit_line(e, "stablehlo.pad", attrs, in, 2, &t);
+}
+
+tp_val em_concat(tp_emit *e, const tp_val *xs, int n, int dim) {
+  if (n <= 0) return em_fail(e, TP_INTERNAL, "concatenate of nothing");
+  if (n == 1) return xs[0];
+  for (int i = 0; i < n; i++)
+    if (bad(e, xs[i])) return -1;
+  tp_type t = e->types[xs[0]];
+  t.dims[dim] = 0;
+  for (int i = 0; i < n; i++) t.dims[dim] += e->types[xs[i]].dims[dim];
+  char attrs[64];
+  snprintf(attrs, sizeof attrs, "dimension = %d : i64", dim);
+  return emit_line(e, "stablehlo.concatenate", attrs, xs, n, &t);
+}
+
+tp_val em_update_slice(tp_emit *e, tp_val x, tp_val upd, const int64_t *start) {
+  if (bad(e, x) || bad(e, upd)) return -1;
+  const tp_type *s = &e->types[x];
+  int r = s->rank;
+  tp_val in[TP_MAX_RANK + 2];
+  in[0] = x;
+  in[1] = upd;
+  for (int i = 0; i < r; i++) in[2 + i] = em_const_i(e, start[i], TP_I64);
+  tp_type t = e->types[x];
+  return emit_line(e, "stablehlo.dynamic_update_slice", NULL, in, r + 2, &t);
+}
+
+/* ---- elementwise ------------------------------------------------------------ */
+
+tp_val em_unary(tp_emit *e, const char *op, tp_val x) {
+  if (bad(e, x)) return -1;
+  tp_type t = e->types[x];
+  return emit_line(e, op, NULL, &x, 1, &t);
+}
+
+tp_val em_binary(tp_emit *e, const char *op, tp_val a, tp_val b) {
+  if (bad(e, a) || bad(e, b)) return -1;
+  tp_type t = e->types[a];
+  tp_val in[2] = {a, b};
+  return emit_line(e, op, NULL, in, 2, &t);
+}
+
+tp_val em_compare(tp_emit *e, const char *dir, tp_val a, tp_val b) {
+  if (bad(e, a) || bad(e, b)) return -1;
+  tp_type t = e->types[a];
+  const char *ct = tp_dtype_is_float(t.dt) ? "FLOAT"
+                   : (tp_dtype_is_unsigned(t.dt) || t.dt == TP_BOOL) ? "UNSIGNED"
+                                                                     : "SIGNED";
+  if (tp_dtype_is_complex(t.dt)) ct = "FLOAT";
+  t.dt = TP_BOOL;
+  char attrs[160];
+  snprintf(attrs, sizeof attrs, "comparison_direction = #stablehlo<comparison_direction %s>, compare_type = #stablehlo<comparison_type %s>", dir, ct);
+  tp_val in[2] = {a, b};
+  return emit_line(e, "stablehlo.compare", attrs, in, 2, &t);
+}
+
+tp_val em_select(tp_emit *e, tp_val pred, tp_val a, tp_val b) {
+  if (bad(e, pred) || bad(e, a) || bad(e, b)) return -1;
+  tp_type t = e->types[a];
+  tp_val in[3] = {pred, a, b};
+  return emit_line(e, "stablehlo.select", NULL, in, 3, &t);
+}
+
+tp_val em_clamp(tp_emit *e, tp_val lo, tp_val x, tp_val hi) {
+  if (bad(e, x)) return -1;
+  tp_type t = e->types[x];
+  tp_val in[3] = {lo, x, hi};
+  return emit_line(e, "stablehlo.clamp", NULL, in, 3, &t);
+}
+
+/* ---- reductions ------------------------------------------------------------ */
+
+tp_val em_reduce(tp_emit *e, tp_val x, tp_val init, const int64_t *dims, int ndims, const char *body_op) {
+  if (bad(e, x) || bad(e, init)) return -1;
+  const tp_type *s = &e->types[x];
+  if (ndims == 0) return x;
+  tp_type t = tp_type_make(s->dt, 0, NULL);
+  for (int i = 0; i < s->rank; i++) {
+    int reduced = 0;
+    for (int j = 0; j < ndims; j++) reduced |= dims[j] == i;
+    if (!reduced) t.dims[t.rank++] = s->dims[i];
+  }
+  tp_val v = new_val(e, &t);
+  if (v < 0) return v;
+  tp_type st = tp_type_make(s->dt, 0, NULL);
+  tp_val a = new_val(e, &st), b = new_val(e, &st), r = new_val(e, &st);
+  if (r < 0) return r;
+  char tb[256], sb[64], ib[256], dims_attr[512];
+  const char *scal = tp_type_str(&st, sb, sizeof sb);
+  attr_ints(dims_attr, sizeof dims_attr, "dimensions", dims, ndims);
+  sbuf *o = &e->body;
+  sb_printf(o, "    %%v%d = \"stablehlo.reduce\"(%%v%d, %%v%d) ({\n", v, x, init);
+  sb_printf(o, "    ^bb0(%%v%d: %s, %%v%d: %s):\n", a, scal, b, scal);
+  sb_printf(o, "      %%v%d = \"%s\"(%%v%d, %%v%d) : (%s, %s) -> %s\n", r, body_op, a, b, scal, scal, scal);
+  sb_printf(o, "      \"stablehlo.return\"(%%v%d) : (%s) -> ()\n", r, scal);
+  sb_printf(o, "    }) {%s} : (%s, %s) -> %s\n", dims_attr, tp_type_str(s, ib, sizeof ib), scal,
+            tp_type_str(&t, tb, sizeof tb));
+  return v;
+}
+
+void em_argreduce(tp_emit *e, tp_val x, int dim, int is_max, tp_val *values, tp_val *indices) {
+  *values = *indices = -1;
+  if (bad(e, x)) return;
+  tp_type s = e->types[x];
+  tp_type it = s;
+  it.dt = TP_I64;
+  tp_val idx = em_iota(e, &it, dim);
+  double initv = is_max ? -1.0 / 0.0 : 1.0 / 0.0;
+  tp_val init = tp_dtype_is_float(s.dt) ? em_const(e, initv, s.dt)
+                                        : em_const_i(e, is_max ? (s.dt == TP_BOOL ? 0 : tp_dtype_is_unsigned(s.dt) ? 0 : INT64_MIN)
+                                                                : (s.dt == TP_BOOL ? 1 : tp_dtype_is_unsigned(s.dt) ? -1 : INT64_MAX), s.dt);
+  if (tp_dtype_is_int(s.dt) && !tp_dtype_is_unsigned(s.dt) && s.dt != TP_I64) {
+    int64_t lim = s.dt == TP_I8 ? 127 : s.dt == TP_I16 ? 32767 : 2147483647;
+    init = em_const_i(e, is_max ? -lim - 1 : lim, s.dt);
+  }
+  tp_val iinit = em_const_i(e, 0, TP_I64);
+  if (em_failed(e)) return;
+  tp_type vt = tp_type_make(s.dt, 0, NULL), ot = vt;
+  ot.rank = 0;
+  for (int i = 0; i < s.rank; i++)
+    if (i != dim) ot.dims[ot.rank++] = s.dims[i];
+  tp_type oi = ot;
+  oi.dt = TP_I64;
+  tp_type st = tp_type_make(s.dt, 0, NULL), si = tp_type_make(TP_I64, 0, NULL), sb = tp_type_make(TP_BOOL, 0, NULL);
+  tp_val res = new_val(e, &ot);
+  tp_val resi = new_val(e, &oi); /* second result, printed as %vN#1 alias below */
+  tp_val a = new_val(e, &st), ai = new_val(e, &si), b = new_val(e, &st), bi = new_val(e, &si);
+  if (bi < 0) return;
+  char ts[64], tis[64], tbs[64], tx[256], tix[256], to[256], toi[256];
+  tp_type_str(&st, ts, sizeof ts);
+  tp_type_str(&si, tis, sizeof tis);
+  tp_type_str(&sb, tbs, sizeof tbs);
+  tp_type_str(&s, tx, sizeof tx);
+  tp_type_str(&it, tix, sizeof tix);
+  tp_type_str(&ot, to, sizeof to);
+  tp_type_str(&oi, toi, sizeof toi);
+  (void)vt;
+  const char *ct = tp_dtype_is_float(s.dt) ? "FLOAT" : (tp_dtype_is_unsigned(s.dt) || s.dt == TP_BOOL) ? "UNSIGNED" : "SIGNED";
+  int base = e->nvals; /* body temporaries %t<base..base+12>: reserve the ids */
+  for (int i = 0; i < 13; i++)
+    if (new_val(e, &sb) < 0) return;
+  sbuf *o = &e->body;
+  sb_printf(o, "    %%r%d:2 = \"stablehlo.reduce\"(%%v%d, %%v%d, %%v%d, %%v%d) ({\n", res, x, idx, init, iinit);
+  sb_printf(o, "    ^bb0(%%v%d: %s, %%v%d: %s, %%v%d: %s, %%v%d: %s):\n", a, ts, ai, tis, b, ts, bi, tis);
+#define CMP(id, dir, l, r, ty) \
+  sb_printf(o, "      %%t%d = \"stablehlo.compare\"(%s, %s) {comparison_direction = #stablehlo<comparison_direction %s>, compare_type = #stablehlo<comparison_type %s>} : (%s, %s) -> %s\n", id, l, r, dir, ty, ts, ts, tbs)
+  char A[32], B[32], AI[32], BI[32];
+  snprintf(A, sizeof A, "%%v%d", a);
+  snprintf(B, sizeof B, "%%v%d", b);
+  snprintf(AI, sizeof AI, "%%v%d", ai);
+  snprintf(BI, sizeof BI, "%%v%d", bi);
+  CMP(base + 0, "NE", A, A, ct);                     /* a is nan */
+  CMP(base + 1, "NE", B, B, ct);                     /* b is nan */
+  CMP(base + 2, is_max ? "GT" : "LT", A, B, ct);     /* a strictly better */
+  CMP(base + 3, "EQ", A, B, ct);
+#undef CMP
+  sb_printf(o, "      %%t%d = \"stablehlo.compare\"(%s, %s) {comparison_direction = #stablehlo<comparison_direction LT>, compare_type = #stablehlo<comparison_type SIGNED>} : (%s, %s) -> %s\n", base + 4, AI, BI, tis, tis, tbs);
+  /* pick_a = a_nan ? (!b_nan | ai<bi) : (!b_nan & (gt | (eq & ai<bi))) */
+  sb_printf(o, "      %%t%d = \"stablehlo.not\"(%%t%d) : (%s) -> %s\n", base + 5, base + 1, tbs, tbs);
+  sb_printf(o, "      %%t%d = \"stablehlo.or\"(%%t%d, %%t%d) : (%s, %s) -> %s\n", base + 6, base + 5, base + 4, tbs, tbs, tbs);
+  sb_printf(o, "      %%t%d = \"stablehlo.and\"(%%t%d, %%t%d) : (%s, %s) -> %s\n", base + 7, base + 3, base + 4, tbs, tbs, tbs);
+  sb_printf(o, "      %%t%d = \"stablehlo.or\"(%%t%d, %%t%d) : (%s, %s) -> %s\n", base + 8, base + 2, base + 7, tbs, tbs, tbs);
+  sb_printf(o, "      %%t%d = \"stablehlo.and\"(%%t%d, %%t%d) : (%s, %s) -> %s\n", base + 9, base + 5, base + 8, tbs, tbs, tbs);
+  sb_printf(o, "      %%t%d = \"stablehlo.select\"(%%t%d, %%t%d, %%t%d) : (%s, %s, %s) -> %s\n", base + 10, base + 0, base + 6, base + 9, tbs, tbs, tbs, tbs);
+  sb_printf(o, "      %%t%d = \"stablehlo.select\"(%%t%d, %s, %s) : (%s, %s, %s) -> %s\n", base + 11, base + 10, A, B, tbs, ts, ts, ts);
+  sb_printf(o, "      %%t%d = \"stablehlo.select\"(%%t%d, %s, %s) : (%s, %s, %s) -> %s\n", base + 12, base + 10, AI, BI, tbs, tis, tis, tis);
+  sb_printf(o, "      \"stablehlo.return\"(%%t%d, %%t%d) : (%s, %s) -> ()\n", base + 11, base + 12, ts, tis);
+  char dims_attr[64];
+  int64_t d = dim;
+  attr_ints(dims_attr, sizeof dims_attr, "dimensions", &d, 1);
+  sb_printf(o, "    }) {%s} : (%s, %s, %s, %s) -> (%s, %s)\n", dims_attr, tx, tix, ts, tis, to, toi);
+  /* Name the two results as ordinary values. */
+  tp_val vv = new_val(e, &ot), vi = new_val(e, &oi);
+  if (vi < 0) return;
+  sb_printf(o, "    %%v%d = \"stablehlo.reshape\"(%%r%d#0) : (%s) -> %s\n", vv, res, to, to);
+  sb_printf(o, "    %%v%d = \"stablehlo.reshape\"(%%r%d#1) : (%s) -> %s\n", vi, res, toi, toi);
+  (void)resi;
+  *values = vv;
+  *indices = vi;
+}
+
+tp_val em_dot(tp_emit *e, tp_val a, tp_val b, const int64_t *lb, const int64_t *rb, int nbatch, const int64_t *lc,
+              const int64_t *rc, int ncontract, tp_dtype out_dt) {
+  if (bad(e, a) || bad(e, b)) return -1;
+  const tp_type *ta = &e->types[a], *tb_ = &e->types[b];
+  /* Result dims: batch, lhs free, rhs free. */
+  tp_type t = tp_type_make(out_dt, 0, NULL);
+  for (int i = 0; i < nbatch; i++) t.dims[t.rank++] = ta->dims[lb[i]];
+  for (int i = 0; i < ta->rank; i++) {
+    int used = 0;
+    for (int j = 0; j < nbatch; j++) used |= lb[j] == i;
+    for (int j = 0; j < ncontract; j++) used |= lc[j] == i;
+    if (!used) t.dims[t.rank++] = ta->dims[i];
+  }
+  for (int i = 0; i < tb_->rank; i++) {
+    int used = 0;
+    for (int j = 0; j < nbatch; j++) used |= rb[j] == i;
+    for (int j = 0; j < ncontract; j++) used |= rc[j] == i;
+    if (!used) t.dims[t.rank++] = tb_->dims[i];
+  }
+  char attrs[1024];
+  size_t k = (size_t)snprintf(attrs, sizeof attrs, "dot_dimension_numbers = #stablehlo.dot<lhs_batching_dimensions = [");
+#define LIST(v, n)                                                                                         \
+  for (int i = 0; i < (n); i++) k += (size_t)snprintf(attrs + k, sizeof attrs - k, "%s%" PRId64, i ? ", " : "", (v)[i])
+  LIST(lb, nbatch);
+  k += (size_t)snprintf(attrs + k, sizeof attrs - k, "], rhs_batching_dimensions = [");
+  LIST(rb, nbatch);
+  k += (size_t)snprintf(attrs + k, sizeof attrs - k, "], lhs_contracting_dimensions = [");
+  LIST(lc, ncontract);
+  k += (size_t)snprintf(attrs + k, sizeof attrs - k, "], rhs_contracting_dimensions = [");
+  LIST(rc, ncontract);
+#undef LIST
+  snprintf(attrs + k, sizeof attrs - k,
+           "]>, precision_config = [#stablehlo<precision HIGHEST>, #stablehlo<precision HIGHEST>]");
+  tp_val in[2] = {a, b};
+  return emit_line(e, "stablehlo.dot_general", attrs, in, 2, &t);
+}
+
+/* ---- gather / scatter ------------------------------------------------------ */
+
+tp_val em_gather_flat(tp_emit *e, tp_val x1d, tp_val index) {
+  if (bad(e, x1d) || bad(e, index)) return -1;
+  tp_type t = e->types[index];
+  t.dt = e->types[x1d].dt;
+  char attrs[400];
+  snprintf(attrs, sizeof attrs,
+           "dimension_numbers = #stablehlo.gather<collapsed_slice_dims = [0], start_index_map = [0], "
+           "index_vector_dim = %d>, slice_sizes = array<i64: 1>, indices_are_sorted = false",
+           t.rank);
+  tp_val in[2] = {x1d, index};
+  return emit_line(e, "stablehlo.gather", attrs, in, 2, &t);
+}
+
+tp_val em_scatter_flat(tp_emit *e, tp_val x1d, tp_val index, tp_val upd, const char *combine) {
+  if (bad(e, x1d) || bad(e, index) || bad(e, upd)) return -1;
+  tp_type t = e->types[x1d];
+  tp_type st = tp_type_make(t.dt, 0, NULL);
+  tp_val v = new_val(e, &t);
+  tp_val a = new_val(e, &st), b = new_val(e, &st), r = new_val(e, &st);
+  if (r < 0) return r;
+  char ts[64], tx[256], ti[256], tu[256];
+  tp_type_str(&st, ts, sizeof ts);
+  tp_type_str(&t, tx, sizeof tx);
+  tp_type_str(&e->types[index], ti, sizeof ti);
+  tp_type_str(&e->types[upd], tu, sizeof tu);
+  sbuf *o = &e->body;
+  sb_printf(o, "    %%v%d = \"stablehlo.scatter\"(%%v%d, %%v%d, %%v%d) ({\n", v, x1d, index, upd);
+  sb_printf(o, "    ^bb0(%%v%d: %s, %%v%d: %s):\n", a, ts, b, ts);
+  if (combine) {
+    sb_printf(o, "      %%v%d = \"%s\"(%%v%d, %%v%d) : (%s, %s) -> %s\n", r, combine, a, b, ts, ts, ts);
+    sb_printf(o, "      \"stablehlo.return\"(%%v%d) : (%s) -> ()\n", r, ts);
+  } else {
+    sb_printf(o, "      \"stablehlo.return\"(%%v%d) : (%s) -> ()\n", b, ts);
+  }
+  sb_printf(o,
+            "    }) {scatter_dimension_numbers = #stablehlo.scatter<inserted_window_dims = [0], "
+            "scatter_dims_to_operand_dims = [0], index_vector_dim = %d>, indices_are_sorted = false, "
+            "unique_indices = false} : (%s, %s, %s) -> %s\n",
+            e->types[index].rank, tx, ti, tu, tx);
+  return v;
+}

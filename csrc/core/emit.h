@@ -1,0 +1,109 @@
+/* emit.h - build one StableHLO function as MLIR text.
+ *
+ * Values are SSA ids with a known type.  Every op is written in MLIR's
+ * generic form ("stablehlo.add"(%a, %b) : (...) -> ...), which the plugin's
+ * parser accepts for every op and which keeps this emitter uniform.  The
+ * helpers below are what lowering rules use; they never fail individually:
+ * the first error (bad rank, out of memory) is remembered and reported by
+ * em_finish, so rules can be written as straight-line code.
+ */
+#ifndef TP_EMIT_H
+#define TP_EMIT_H
+
+#include <stdint.h>
+
+#include "dtype.h"
+#include "pjrt.h"
+#include "status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct tp_emit tp_emit;
+typedef int tp_val; /* -1 = no value */
+
+typedef struct tp_type {
+  tp_dtype dt;
+  int rank;
+  int64_t dims[TP_MAX_RANK];
+} tp_type;
+
+int64_t tp_type_numel(const tp_type *t);
+tp_type tp_type_make(tp_dtype dt, int rank, const int64_t *dims);
+/* "tensor<2x3xf32>" into buf. */
+const char *tp_type_str(const tp_type *t, char *buf, size_t cap);
+
+tp_emit *em_new(void);
+void em_free(tp_emit *e);
+
+/* Record an error (first one wins); returns -1 so rules can `return em_fail(...)`. */
+tp_val em_fail(tp_emit *e, tp_code code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+int em_failed(const tp_emit *e);
+/* Take the recorded error (NULL if none). */
+tp_status *em_take_error(tp_emit *e);
+
+/* Function parameters, in order. */
+tp_val em_param(tp_emit *e, const tp_type *t);
+int em_num_params(const tp_emit *e);
+const tp_type *em_type(const tp_emit *e, tp_val v);
+/* Finish: `results` become the function's return values.  Returns the
+ * whole module text (owned by the emitter) or NULL on error. */
+const char *em_finish(tp_emit *e, const tp_val *results, int n);
+
+/* ---- generic op --------------------------------------------------------- */
+/* `attrs` is the text inside {...} without braces, or NULL. */
+tp_val em_op(tp_emit *e, const char *name, const char *attrs, const tp_val *in,
+             int nin, const tp_type *out);
+
+/* ---- constants and shapes ------------------------------------------------- */
+tp_val em_const(tp_emit *e, double v, tp_dtype dt);            /* rank-0 */
+tp_val em_const_i(tp_emit *e, int64_t v, tp_dtype dt);         /* rank-0, exact ints */
+tp_val em_full(tp_emit *e, double v, const tp_type *t);        /* splat of shape t */
+tp_val em_iota(tp_emit *e, const tp_type *t, int dim);
+tp_val em_convert(tp_emit *e, tp_val x, tp_dtype dt);          /* no-op if same */
+tp_val em_bitcast(tp_emit *e, tp_val x, const tp_type *t);
+tp_val em_reshape(tp_emit *e, tp_val x, int rank, const int64_t *dims);
+tp_val em_transpose(tp_emit *e, tp_val x, const int64_t *perm);
+/* broadcast_in_dim: x's dim i goes to output dim map[i]. */
+tp_val em_bcast_in_dim(tp_emit *e, tp_val x, const tp_type *out, const int64_t *map);
+/* numpy-style broadcast of x to `rank`/`dims` (trailing alignment). */
+tp_val em_bcast_to(tp_emit *e, tp_val x, int rank, const int64_t *dims);
+tp_val em_slice(tp_emit *e, tp_val x, const int64_t *start, const int64_t *limit,
+                const int64_t *stride);
+tp_val em_pad(tp_emit *e, tp_val x, tp_val padval, const int64_t *lo, const int64_t *hi,
+              const int64_t *interior);
+tp_val em_concat(tp_emit *e, const tp_val *xs, int n, int dim);
+/* dynamic_update_slice with constant start indices. */
+tp_val em_update_slice(tp_emit *e, tp_val x, tp_val upd, const int64_t *start);
+
+/* ---- elementwise ------------------------------------------------------------ */
+tp_val em_unary(tp_emit *e, const char *op, tp_val x);            /* "stablehlo.exponential" */
+tp_val em_binary(tp_emit *e, const char *op, tp_val a, tp_val b); /* same shapes */
+/* dir: "EQ","NE","LT","LE","GT","GE"; result i1 */
+tp_val em_compare(tp_emit *e, const char *dir, tp_val a, tp_val b);
+tp_val em_select(tp_emit *e, tp_val pred, tp_val a, tp_val b);
+tp_val em_clamp(tp_emit *e, tp_val lo, tp_val x, tp_val hi);
+
+/* ---- reductions and contractions ------------------------------------------- */
+/* Reduce `x` over `dims` with a binary body op ("stablehlo.add", "stablehlo.maximum",
+ * "stablehlo.minimum", "stablehlo.multiply", "stablehlo.and", "stablehlo.or"). */
+tp_val em_reduce(tp_emit *e, tp_val x, tp_val init, const int64_t *dims, int ndims,
+                 const char *body_op);
+/* Argmax/argmin over one dim: returns values and i64 indices (first index on ties,
+ * NaN wins like PyTorch). `is_max` selects the direction. */
+void em_argreduce(tp_emit *e, tp_val x, int dim, int is_max, tp_val *values, tp_val *indices);
+tp_val em_dot(tp_emit *e, tp_val a, tp_val b, const int64_t *lb, const int64_t *rb, int nbatch,
+              const int64_t *lc, const int64_t *rc, int ncontract, tp_dtype out_dt);
+
+/* ---- gather/scatter on a flat operand ------------------------------------------ */
+/* out[idx...] = x1d[index[idx...]]; `index` is an integer tensor of any shape. */
+tp_val em_gather_flat(tp_emit *e, tp_val x1d, tp_val index);
+/* x1d with x1d[index[i]] = upd[i] (replace; later duplicates win arbitrarily). */
+tp_val em_scatter_flat(tp_emit *e, tp_val x1d, tp_val index, tp_val upd, const char *combine);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

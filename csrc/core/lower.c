@@ -1,0 +1,225 @@
+/* lower.c - the lowering table and the helpers rules share.
+ *
+ * The table is the union of the per-family fragments listed in
+ * k_fragments; a name may appear once.  Lookup is a binary search over a
+ * sorted index built once (under pthread_once). */
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "lower_util.h"
+
+static const tp_lower_entry *const k_fragments[] = {
+    tp_lower_elementwise, tp_lower_reduce, tp_lower_shape, tp_lower_nn, tp_lower_random,
+};
+
+static const tp_lower_entry **g_sorted;
+static const char **g_names;
+static size_t g_count;
+static pthread_once_t g_once = PTHREAD_ONCE_INIT;
+
+static int cmp_entry(const void *a, const void *b) {
+  return strcmp((*(const tp_lower_entry *const *)a)->name, (*(const tp_lower_entry *const *)b)->name);
+}
+
+static void build_index(void) {
+  size_t n = 0;
+  for (size_t f = 0; f < sizeof k_fragments / sizeof k_fragments[0]; f++)
+    for (const tp_lower_entry *e = k_fragments[f]; e->name; e++) n++;
+  g_sorted = calloc(n + 1, sizeof *g_sorted);
+  g_names = calloc(n + 1, sizeof *g_names);
+  if (!g_sorted || !g_names) return;
+  for (size_t f = 0; f < sizeof k_fragments / sizeof k_fragments[0]; f++)
+    for (const tp_lower_entry *e = k_fragments[f]; e->name; e++) g_sorted[g_count++] = e;
+  qsort(g_sorted, g_count, sizeof *g_sorted, cmp_entry);
+  for (size_t i = 0; i < g_count; i++) g_names[i] = g_sorted[i]->name;
+}
+
+tp_lower_fn tp_lower_find(const char *op) {
+  pthread_once(&g_once, build_index);
+  size_t lo = 0, hi = g_count;
+  while (lo < hi) {
+    size_t mid = (lo + hi) / 2;
+    int c = strcmp(g_sorted[mid]->name, op);
+    if (c == 0) return g_sorted[mid]->fn;
+    if (c < 0) lo = mid + 1;
+    else hi = mid;
+  }
+  return NULL;
+}
+
+const char *const *tp_lower_names(void) {
+  pthread_once(&g_once, build_index);
+  static const char *empty[1] = {NULL};
+  return g_names ? g_names : empty;
+}
+
+/* ---- arguments ------------------------------------------------------------- */
+
+static const tp_arg k_none = {.kind = TP_ARG_NONE};
+
+const tp_arg *lw_arg(const tp_node *n, int i) { return (i >= 0 && i < n->nargs) ? &n->args[i] : &k_none; }
+int lw_is_none(const tp_node *n, int i) { return lw_arg(n, i)->kind == TP_ARG_NONE; }
+
+int64_t lw_int(const tp_node *n, int i, int64_t def) {
+  const tp_arg *a = lw_arg(n, i);
+  if (a->kind == TP_ARG_INT || a->kind == TP_ARG_BOOL) return a->i;
+  if (a->kind == TP_ARG_SCALAR) return tp_dtype_is_float(a->sdt) ? (int64_t)a->f : a->i;
+  if (a->kind == TP_ARG_INTS && a->n == 1) return a->ints[0];
+  return def;
+}
+
+double lw_float(const tp_node *n, int i, double def) {
+  const tp_arg *a = lw_arg(n, i);
+  if (a->kind == TP_ARG_FLOAT) return a->f;
+  if (a->kind == TP_ARG_INT || a->kind == TP_ARG_BOOL) return (double)a->i;
+  return def;
+}
+
+int lw_bool(const tp_node *n, int i, int def) {
+  const tp_arg *a = lw_arg(n, i);
+  return (a->kind == TP_ARG_BOOL || a->kind == TP_ARG_INT) ? a->i != 0 : def;
+}
+
+int lw_ints(const tp_node *n, int i, const int64_t **v) {
+  const tp_arg *a = lw_arg(n, i);
+  static int64_t one[TP_MAX_RANK];
+  if (a->kind == TP_ARG_INTS) {
+    *v = a->ints;
+    return a->n;
+  }
+  if (a->kind == TP_ARG_INT) { /* an int where a list is allowed (dim=1) */
+    one[0] = a->i;
+    *v = one;
+    return 1;
+  }
+  *v = NULL;
+  return 0;
+}
+
+const char *lw_str(const tp_node *n, int i, const char *def) {
+  const tp_arg *a = lw_arg(n, i);
+  return a->kind == TP_ARG_STR ? a->s : def;
+}
+
+tp_dtype lw_dtype(tp_emit *e, const tp_node *n, int i) {
+  const tp_arg *a = lw_arg(n, i);
+  if (a->kind == TP_ARG_TENSOR) return em_type(e, a->v)->dt;
+  if (a->kind == TP_ARG_SCALAR) return a->sdt;
+  return TP_DTYPE_INVALID;
+}
+
+tp_val lw_tensor(tp_emit *e, const tp_node *n, int i, tp_dtype dt) {
+  const tp_arg *a = lw_arg(n, i);
+  if (a->kind == TP_ARG_TENSOR) return em_convert(e, a->v, dt);
+  if (a->kind == TP_ARG_SCALAR) return n->scalar(e, n, i, dt);
+  return em_fail(e, TP_INTERNAL, "%s: argument %d is not a tensor", n->op, i);
+}
+
+tp_val lw_value(tp_emit *e, const tp_node *n, int i) { return lw_tensor(e, n, i, lw_dtype(e, n, i)); }
+
+tp_val lw_operand(tp_emit *e, const tp_node *n, int i, const tp_type *t) {
+  tp_val v = lw_tensor(e, n, i, t->dt);
+  return em_bcast_to(e, v, t->rank, t->dims);
+}
+
+/* ---- promotion ---------------------------------------------------------------- */
+
+static int category(tp_dtype d) {
+  if (d == TP_BOOL) return 0;
+  if (tp_dtype_is_int(d)) return 1;
+  if (tp_dtype_is_float(d)) return 2;
+  return 3;
+}
+
+tp_dtype lw_promote(tp_dtype a, tp_dtype b) {
+  if (a == b) return a;
+  if (a == TP_DTYPE_INVALID) return b;
+  if (b == TP_DTYPE_INVALID) return a;
+  int ca = category(a), cb = category(b);
+  if (ca != cb) {
+    if (ca < cb) {
+      tp_dtype t = a;
+      a = b;
+      b = t;
+      int tc = ca;
+      ca = cb;
+      cb = tc;
+    }
+    /* a has the higher category */
+    if (ca == 3 && cb == 2) { /* complex with float: widen the complex if the float is double */
+      return (a == TP_C64 && b == TP_F64) ? TP_C128 : a;
+    }
+    return a;
+  }
+  if (ca == 2) {
+    if (a == TP_F64 || b == TP_F64) return TP_F64;
+    if (a == TP_F32 || b == TP_F32) return TP_F32;
+    return TP_F32; /* f16 with bf16 */
+  }
+  if (ca == 3) return TP_C128;
+  /* integers */
+  int ua = tp_dtype_is_unsigned(a), ub = tp_dtype_is_unsigned(b);
+  size_t sa = tp_dtype_size(a), sb = tp_dtype_size(b);
+  if (ua == ub) return sa >= sb ? a : b;
+  tp_dtype s = ua ? b : a, u = ua ? a : b;
+  size_t ss = tp_dtype_size(s), us = tp_dtype_size(u);
+  if (ss > us) return s;
+  if (us == 1) return TP_I16;
+  if (us == 2) return TP_I32;
+  if (us == 4) return TP_I64;
+  return TP_I64;
+}
+
+tp_dtype lw_result_type(tp_emit *e, const tp_node *n, const int *idx, int k) {
+  /* Three priority classes: dimensioned tensors, zero-dim tensors, wrapped numbers. */
+  tp_dtype cls[3] = {TP_DTYPE_INVALID, TP_DTYPE_INVALID, TP_DTYPE_INVALID};
+  for (int j = 0; j < k; j++) {
+    const tp_arg *a = lw_arg(n, idx[j]);
+    if (a->kind == TP_ARG_TENSOR) {
+      const tp_type *t = em_type(e, a->v);
+      int c = t->rank > 0 ? 0 : 1;
+      cls[c] = lw_promote(cls[c], t->dt);
+    } else if (a->kind == TP_ARG_SCALAR) {
+      int c = a->wrapped ? 2 : 1;
+      tp_dtype d = a->sdt;
+      if (a->wrapped) d = tp_dtype_is_float(d) ? TP_F32 : tp_dtype_is_complex(d) ? TP_C64 : d == TP_BOOL ? TP_BOOL : TP_I64;
+      cls[c] = lw_promote(cls[c], d);
+    }
+  }
+  tp_dtype r = cls[0];
+  for (int c = 1; c < 3; c++) {
+    if (cls[c] == TP_DTYPE_INVALID) continue;
+    if (r == TP_DTYPE_INVALID) {
+      r = cls[c];
+    } else if (category(cls[c]) > category(r)) {
+      /* A lower-priority class only matters when it is of a higher category. */
+      tp_dtype d = cls[c]; /* wrapped numbers already hold the default dtype */
+      r = (category(d) == 3 && category(r) == 2) ? (r == TP_F64 ? TP_C128 : TP_C64) : d;
+    }
+  }
+  return r == TP_DTYPE_INVALID ? TP_F32 : r;
+}
+
+tp_dtype lw_opmath(tp_dtype dt) { return (dt == TP_F16 || dt == TP_BF16) ? TP_F32 : dt; }
+
+int lw_dim(int64_t d, int rank) {
+  int r = rank > 0 ? rank : 1;
+  if (d < 0) d += r;
+  return (int)d;
+}
+
+tp_type lw_out_as(const tp_node *n, int i, tp_dtype dt) {
+  tp_type t = n->outs[i];
+  t.dt = dt;
+  return t;
+}
+
+tp_val lw_full_like(tp_emit *e, tp_val like, double v) { return em_full(e, v, em_type(e, like)); }
+
+tp_val lw_bin(tp_emit *e, const char *op, tp_val a, tp_val b) {
+  const tp_type *ta = em_type(e, a), *tb = em_type(e, b);
+  if (ta->rank == 0 && tb->rank > 0) a = em_bcast_to(e, a, tb->rank, tb->dims);
+  else if (tb->rank == 0 && ta->rank > 0) b = em_bcast_to(e, b, ta->rank, ta->dims);
+  return em_binary(e, op, a, b);
+}

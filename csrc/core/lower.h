@@ -1,0 +1,69 @@
+/* lower.h - the ONE table of lowering rules: ATen op -> StableHLO.
+ *
+ * A rule receives one op call (a tp_node: the op's schema arguments in
+ * order, tensor arguments already turned into SSA values, and the output
+ * types PyTorch's meta functions computed) and emits StableHLO for it.
+ * Eager mode calls rules on one-op programs; compiled mode calls the same
+ * rules node by node on whole graphs.
+ */
+#ifndef TP_LOWER_H
+#define TP_LOWER_H
+
+#include "emit.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum tp_arg_kind {
+  TP_ARG_NONE = 0,
+  TP_ARG_TENSOR,  /* .v: the value */
+  TP_ARG_SCALAR,  /* a runtime number (Scalar, or a wrapped 0-dim CPU tensor): .sdt, .f/.i */
+  TP_ARG_INT,     /* .i (also dtypes, layouts, memory formats, SymInt) */
+  TP_ARG_FLOAT,   /* .f */
+  TP_ARG_BOOL,    /* .i */
+  TP_ARG_INTS,    /* .ints[.n] */
+  TP_ARG_STR,     /* .s */
+  TP_ARG_TENSORS, /* .vs[.n], -1 where an optional entry is None */
+} tp_arg_kind;
+
+typedef struct tp_arg {
+  tp_arg_kind kind;
+  int64_t i;
+  double f;
+  tp_dtype sdt;       /* SCALAR: its natural dtype (I64, F64, BOOL, or the 0-dim tensor's) */
+  int wrapped;        /* SCALAR came from a Python number (lowest promotion priority) */
+  int n;
+  const int64_t *ints;
+  const char *s;
+  tp_val v;
+  const tp_val *vs;
+} tp_arg;
+
+typedef struct tp_lower_ctx tp_lower_ctx; /* owned by the caller (eager or graph) */
+
+typedef struct tp_node {
+  const char *op; /* "aten::add.Tensor" */
+  int nargs;
+  const tp_arg *args;
+  int nouts;
+  const tp_type *outs; /* output types from PyTorch's meta functions */
+  tp_lower_ctx *ctx;
+  /* Materialise SCALAR argument `i` as a rank-0 value of dtype `dt`. */
+  tp_val (*scalar)(tp_emit *e, const struct tp_node *n, int i, tp_dtype dt);
+  /* A fresh random key (tensor<2xui64>) for RNG ops, different every call. */
+  tp_val (*rng_key)(tp_emit *e, const struct tp_node *n);
+} tp_node;
+
+/* Emit the op; write one value per output into outs[0..nouts). */
+typedef void (*tp_lower_fn)(tp_emit *e, const tp_node *n, tp_val *outs);
+
+/* Look up the rule for an op name ("aten::add.Tensor"); NULL if none. */
+tp_lower_fn tp_lower_find(const char *op);
+/* Every op name in the table, NULL-terminated (for docs and tests). */
+const char *const *tp_lower_names(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,6 @@
+/* lower_nn.c - lowering rules (see lower.h). */
+#include "lower_util.h"
+
+const tp_lower_entry tp_lower_nn[] = {
+    {NULL, NULL},
+};

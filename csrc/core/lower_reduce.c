@@ -1,0 +1,6 @@
+/* lower_reduce.c - lowering rules (see lower.h). */
+#include "lower_util.h"
+
+const tp_lower_entry tp_lower_reduce[] = {
+    {NULL, NULL},
+};

@@ -1,0 +1,55 @@
+/* lower_util.h - helpers shared by the lowering rule files (lower_*.c).
+ * Internal to the core; rules include this, nothing else does. */
+#ifndef TP_LOWER_UTIL_H
+#define TP_LOWER_UTIL_H
+
+#include "lower.h"
+
+typedef struct tp_lower_entry {
+  const char *name;
+  tp_lower_fn fn;
+} tp_lower_entry;
+
+/* Each rule file exports one NULL-terminated fragment of the table. */
+extern const tp_lower_entry tp_lower_elementwise[];
+extern const tp_lower_entry tp_lower_reduce[];
+extern const tp_lower_entry tp_lower_shape[];
+extern const tp_lower_entry tp_lower_nn[];
+extern const tp_lower_entry tp_lower_random[];
+
+/* ---- argument access (bounds-checked; a missing arg reads as None) ---- */
+const tp_arg *lw_arg(const tp_node *n, int i);
+int lw_is_none(const tp_node *n, int i);
+int64_t lw_int(const tp_node *n, int i, int64_t def);
+double lw_float(const tp_node *n, int i, double def);
+int lw_bool(const tp_node *n, int i, int def);
+/* Int list argument; returns its length and points *v at it (0 if None). */
+int lw_ints(const tp_node *n, int i, const int64_t **v);
+const char *lw_str(const tp_node *n, int i, const char *def);
+/* dtype of a tensor or scalar argument (TP_DTYPE_INVALID if neither). */
+tp_dtype lw_dtype(tp_emit *e, const tp_node *n, int i);
+/* Tensor or scalar argument i as a value of dtype dt. */
+tp_val lw_tensor(tp_emit *e, const tp_node *n, int i, tp_dtype dt);
+/* Argument i as a value (its own dtype). */
+tp_val lw_value(tp_emit *e, const tp_node *n, int i);
+/* Scalar or tensor argument i, converted to dt and broadcast to type t. */
+tp_val lw_operand(tp_emit *e, const tp_node *n, int i, const tp_type *t);
+
+/* ---- dtypes ----------------------------------------------------------- */
+tp_dtype lw_promote(tp_dtype a, tp_dtype b);
+/* PyTorch's result_type over the listed arguments (tensors, 0-dim tensors
+ * and wrapped numbers each in their own priority class). */
+tp_dtype lw_result_type(tp_emit *e, const tp_node *n, const int *idx, int k);
+/* dtype arithmetic runs in: f32 for f16/bf16 (PyTorch's opmath), else dt. */
+tp_dtype lw_opmath(tp_dtype dt);
+
+/* Normalise a possibly negative dim against rank (rank 0 acts as 1). */
+int lw_dim(int64_t d, int rank);
+/* Output type i of the node, with dtype replaced by dt. */
+tp_type lw_out_as(const tp_node *n, int i, tp_dtype dt);
+
+/* ---- emission shortcuts ------------------------------------------------ */
+tp_val lw_full_like(tp_emit *e, tp_val like, double v);
+tp_val lw_bin(tp_emit *e, const char *op, tp_val a, tp_val b); /* broadcasts rank-0 b or a */
+
+#endif

@@ -1,0 +1,89 @@
+/* runtime.c - the process-wide plugin and per-device state. */
+#include "runtime.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+
+static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
+static tp_plugin *g_plugin;     /* guarded by g_mu; never reset once set */
+static int g_ndev;
+static uint64_t *g_seed;        /* [g_ndev] */
+static uint64_t *g_offset;      /* [g_ndev] */
+
+#define TP_DEFAULT_SEED 67280421310721ull /* PyTorch's default_rng_seed_val */
+
+tp_status *tp_runtime_init(const tp_runtime_config *cfg) {
+  tp_status *st = NULL;
+  pthread_mutex_lock(&g_mu);
+  if (g_plugin) goto done;
+  if (!cfg || !cfg->plugin_path || !cfg->plugin_path[0]) {
+    st = tp_error(TP_INVALID_ARGUMENT, "no PJRT plugin path given");
+    goto done;
+  }
+  tp_plugin_options o = {.cpu_device_count = cfg->cpu_device_count > 0 ? cfg->cpu_device_count : 1,
+                         .asynchronous = 1};
+  tp_plugin *p = NULL;
+  st = tp_plugin_load(cfg->plugin_path, &o, &p);
+  if (st) goto done;
+  int n = tp_plugin_device_count(p);
+  uint64_t *seed = calloc(n > 0 ? n : 1, sizeof(uint64_t));
+  uint64_t *off = calloc(n > 0 ? n : 1, sizeof(uint64_t));
+  if (!seed || !off) {
+    free(seed);
+    free(off);
+    tp_plugin_destroy(p);
+    st = tp_error(TP_RESOURCE_EXHAUSTED, "out of host memory");
+    goto done;
+  }
+  for (int i = 0; i < n; i++) seed[i] = TP_DEFAULT_SEED;
+  g_seed = seed;
+  g_offset = off;
+  g_ndev = n;
+  g_plugin = p;
+done:
+  pthread_mutex_unlock(&g_mu);
+  return st;
+}
+
+tp_plugin *tp_runtime_plugin(void) {
+  pthread_mutex_lock(&g_mu);
+  tp_plugin *p = g_plugin;
+  pthread_mutex_unlock(&g_mu);
+  return p;
+}
+
+int tp_runtime_device_count(void) {
+  pthread_mutex_lock(&g_mu);
+  int n = g_ndev;
+  pthread_mutex_unlock(&g_mu);
+  return n;
+}
+
+void tp_runtime_manual_seed(int device, uint64_t seed) {
+  pthread_mutex_lock(&g_mu);
+  if (device >= 0 && device < g_ndev) {
+    g_seed[device] = seed;
+    g_offset[device] = 0;
+  }
+  pthread_mutex_unlock(&g_mu);
+}
+
+uint64_t tp_runtime_initial_seed(int device) {
+  pthread_mutex_lock(&g_mu);
+  uint64_t s = (device >= 0 && device < g_ndev) ? g_seed[device] : TP_DEFAULT_SEED;
+  pthread_mutex_unlock(&g_mu);
+  return s;
+}
+
+void tp_runtime_rng_advance(int device, uint64_t n, uint64_t *seed, uint64_t *offset) {
+  pthread_mutex_lock(&g_mu);
+  if (device >= 0 && device < g_ndev) {
+    *seed = g_seed[device];
+    *offset = g_offset[device];
+    g_offset[device] += n;
+  } else {
+    *seed = TP_DEFAULT_SEED;
+    *offset = 0;
+  }
+  pthread_mutex_unlock(&g_mu);
+}

@@ -16,6 +16,10 @@ import types
 import pytest
 import torch
 
+# Ask the package for two CPU devices (unless told otherwise) so the
+# multi-device paths are covered; no effect if it was imported already.
+os.environ.setdefault("TORCH_PJRT_CPU_DEVICES", "2")
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PKG = ROOT / "torch_pjrt"
 CPU_DEVICES = 2  # what the ctypes bootstrap asks the XLA CPU plugin for

@@ -34,6 +34,8 @@ $(STAMP): requirements.txt
 	$(PY) -m venv $(VENV)
 	$(VPY) -m pip install -q --upgrade pip >/dev/null 2>&1 || true
 	$(VPY) -m pip install -q -r requirements.txt
+	# Make the checkout importable from the venv (a development install).
+	$(VPY) -c "import site, os; open(os.path.join(site.getsitepackages()[0], 'torch_pjrt_dev.pth'), 'w').write(os.getcwd() + '\\n')"
 	touch $@
 
 build: $(STAMP) $(CORE_LIB) $(PKG)/_C.so $(PKG)/_glue.so
@@ -41,7 +43,7 @@ build: $(STAMP) $(CORE_LIB) $(PKG)/_C.so $(PKG)/_glue.so
 $(CORE_LIB): $(CORE_SRC) $(CORE_HDR) $(STAMP)
 	$(CC) $(CWARN) $(CFLAGS) -fPIC -shared -I$(PJRT_INC) -o $@ $(CORE_SRC) -ldl -lpthread -lm
 
-$(PKG)/_C.so: $(PYMOD_SRC) $(CORE_HDR) $(CORE_LIB)
+$(PKG)/_C.so: $(PYMOD_SRC) $(CORE_HDR) | $(CORE_LIB)
 	$(CC) $(CWARN) $(CFLAGS) -fPIC -shared -Icsrc/core -I$(PY_INC) -o $@ $(PYMOD_SRC) \
 	  -L$(PKG) -ltpcore -Wl,-rpath,'$$ORIGIN'
 
@@ -49,7 +51,7 @@ $(PKG)/_C.so: $(PYMOD_SRC) $(CORE_HDR) $(CORE_LIB)
 # bit-field initialisers) and torch.utils.cpp_extension builds with it; the
 # glue's own code is plain C++17.  No Python headers: the glue is not a
 # Python module, it is loaded with torch.ops.load_library.
-$(PKG)/_glue.so: $(GLUE_SRC) $(wildcard csrc/glue/*.h) $(CORE_HDR) $(CORE_LIB)
+$(PKG)/_glue.so: $(GLUE_SRC) $(wildcard csrc/glue/*.h) $(CORE_HDR) | $(CORE_LIB)
 	$(CXX) -std=c++20 -O2 -fPIC -shared -Wall -Wextra -Werror -Wno-unused-parameter \
 	  -D_GLIBCXX_USE_CXX11_ABI=1 -Icsrc/core -I$(TORCH_DIR)/include -o $@ $(GLUE_SRC) \
 	  -L$(PKG) -ltpcore -L$(TORCH_DIR)/lib -lc10 -ltorch -ltorch_cpu \

@@ -239,6 +239,7 @@ static tp_val reinterpret(tp_emit *e, tp_val flat, tp_dtype to) {
     return em_convert(e, u, TP_BOOL);
   }
   size_t fs = tp_dtype_size(from), ts = tp_dtype_size(to);
+  if (!fs || !ts) return em_fail(e, TP_INTERNAL, "reinterpret between unknown dtypes %d and %d", from, to);
   if (fs == ts) {
     tp_type r = tp_type_make(to, 1, &n);
     return em_bitcast(e, flat, &r);
@@ -393,7 +394,7 @@ static void view_write(tp_emit *e, tp_lower_ctx *c, const tp_tensor_ref *r, tp_v
   v = em_convert(e, v, r->dt);
   if (full_cover(r)) {
     int64_t n = ref_numel(r);
-    c->st_cur[s] = reinterpret(e, em_reshape(e, v, 1, &n), c->st_dt[s]);
+    c->st_cur[s] = em_reshape(e, v, 1, &n); /* the storage now holds r->dt elements */
     return;
   }
   tp_val cur = c->st_cur[s] >= 0 ? c->st_cur[s] : storage_param(e, c, s);
@@ -435,7 +436,7 @@ static void view_write(tp_emit *e, tp_lower_ctx *c, const tp_tensor_ref *r, tp_v
     seg = em_slice(e, seg, &z, &keep, NULL);
     flat = em_update_slice(e, flat, seg, &r->offset);
   }
-  c->st_cur[s] = reinterpret(e, flat, c->st_dt[s]);
+  c->st_cur[s] = flat;
 }
 
 /* ---- runtime scalars ------------------------------------------------------------------ */

@@ -1,0 +1,455 @@
+/* module.c - torch_pjrt._C: the Python face of the C core (plain CPython API).
+ *
+ * Tensors cross this boundary as plain tuples the Python layer builds:
+ *   ('T', storage_ptr, dtype_code, sizes, strides, storage_offset)  a tensor view
+ *   ('S', dtype_code, value, wrapped)                               a runtime scalar
+ *   ('L', [tensor tuple or None, ...])                              a tensor list
+ * and other arguments as None, bool, int, float, str or a list of ints.
+ * Errors become Python exceptions: TP_UNIMPLEMENTED -> NotImplementedError,
+ * TP_OUT_OF_RANGE -> IndexError, everything else -> RuntimeError.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "eager.h"
+#include "runtime.h"
+
+static PyObject *raise_status(tp_status *st) {
+  PyObject *exc = PyExc_RuntimeError;
+  switch (tp_status_code(st)) {
+    case TP_UNIMPLEMENTED: exc = PyExc_NotImplementedError; break;
+    case TP_OUT_OF_RANGE: exc = PyExc_IndexError; break;
+    default: break;
+  }
+  PyErr_SetString(exc, tp_status_message(st));
+  tp_status_free(st);
+  return NULL;
+}
+
+static int parse_dims(PyObject *seq, int64_t *out, int *rank) {
+  PyObject *f = PySequence_Fast(seq, "expected a sequence of ints");
+  if (!f) return -1;
+  Py_ssize_t n = PySequence_Fast_GET_SIZE(f);
+  if (n > TP_MAX_RANK) {
+    Py_DECREF(f);
+    PyErr_Format(PyExc_RuntimeError, "tensors of more than %d dimensions are not supported on tpu", TP_MAX_RANK);
+    return -1;
+  }
+  for (Py_ssize_t i = 0; i < n; i++) {
+    out[i] = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(f, i));
+    if (out[i] == -1 && PyErr_Occurred()) {
+      Py_DECREF(f);
+      return -1;
+    }
+  }
+  Py_DECREF(f);
+  *rank = (int)n;
+  return 0;
+}
+
+/* ('T', ptr, dtype, sizes, strides, offset) */
+static int parse_ref(PyObject *o, tp_tensor_ref *r) {
+  if (!PyTuple_Check(o) || PyTuple_GET_SIZE(o) != 6) {
+    PyErr_SetString(PyExc_TypeError, "internal: malformed tensor reference");
+    return -1;
+  }
+  memset(r, 0, sizeof *r);
+  r->st = (tp_storage *)PyLong_AsVoidPtr(PyTuple_GET_ITEM(o, 1));
+  r->dt = (tp_dtype)PyLong_AsLong(PyTuple_GET_ITEM(o, 2));
+  int rank2 = 0;
+  if (parse_dims(PyTuple_GET_ITEM(o, 3), r->sizes, &r->rank) < 0) return -1;
+  if (parse_dims(PyTuple_GET_ITEM(o, 4), r->strides, &rank2) < 0) return -1;
+  r->offset = PyLong_AsLongLong(PyTuple_GET_ITEM(o, 5));
+  if (PyErr_Occurred()) return -1;
+  if (!r->st || rank2 != r->rank) {
+    PyErr_SetString(PyExc_TypeError, "internal: malformed tensor reference");
+    return -1;
+  }
+  if (!tp_dtype_mlir(r->dt)) {
+    PyErr_Format(PyExc_TypeError, "dtype code %d is not supported on tpu", (int)r->dt);
+    return -1;
+  }
+  return 0;
+}
+
+/* Everything one run() call allocates, freed in one place. */
+typedef struct call_mem {
+  tp_eager_arg *args;
+  tp_tensor_ref *refs; /* all refs, args' and lists' */
+  const tp_tensor_ref **ptrs;
+  int64_t *ints;
+  size_t nrefs, nptrs, nints;
+} call_mem;
+
+static void call_mem_free(call_mem *m) {
+  free(m->args);
+  free(m->refs);
+  free(m->ptrs);
+  free(m->ints);
+}
+
+/* First pass: count refs, list entries and ints so one allocation of each suffices. */
+static int count_arg(PyObject *o, call_mem *m) {
+  if (PyTuple_Check(o) && PyTuple_GET_SIZE(o) >= 1 && PyUnicode_Check(PyTuple_GET_ITEM(o, 0))) {
+    const char *tag = PyUnicode_AsUTF8(PyTuple_GET_ITEM(o, 0));
+    if (tag && tag[0] == 'T') m->nrefs++;
+    if (tag && tag[0] == 'L' && PyTuple_GET_SIZE(o) == 2) {
+      Py_ssize_t n = PySequence_Size(PyTuple_GET_ITEM(o, 1));
+      if (n < 0) return -1;
+      m->nrefs += (size_t)n;
+      m->nptrs += (size_t)n;
+    }
+  } else if (PyList_Check(o) || PyTuple_Check(o)) {
+    m->nints += (size_t)PySequence_Size(o);
+  }
+  return 0;
+}
+
+static int parse_arg(PyObject *o, tp_eager_arg *a, call_mem *m) {
+  memset(a, 0, sizeof *a);
+  if (o == Py_None) {
+    a->a.kind = TP_ARG_NONE;
+  } else if (PyBool_Check(o)) {
+    a->a.kind = TP_ARG_BOOL;
+    a->a.i = o == Py_True;
+  } else if (PyLong_Check(o)) {
+    a->a.kind = TP_ARG_INT;
+    a->a.i = PyLong_AsLongLong(o);
+  } else if (PyFloat_Check(o)) {
+    a->a.kind = TP_ARG_FLOAT;
+    a->a.f = PyFloat_AS_DOUBLE(o);
+  } else if (PyUnicode_Check(o)) {
+    a->a.kind = TP_ARG_STR;
+    a->a.s = PyUnicode_AsUTF8(o);
+  } else if (PyTuple_Check(o) && PyTuple_GET_SIZE(o) >= 1 && PyUnicode_Check(PyTuple_GET_ITEM(o, 0))) {
+    const char *tag = PyUnicode_AsUTF8(PyTuple_GET_ITEM(o, 0));
+    if (tag[0] == 'T') {
+      tp_tensor_ref *r = &m->refs[m->nrefs++];
+      if (parse_ref(o, r) < 0) return -1;
+      a->a.kind = TP_ARG_TENSOR;
+      a->t = r;
+    } else if (tag[0] == 'S' && PyTuple_GET_SIZE(o) == 4) {
+      a->a.kind = TP_ARG_SCALAR;
+      a->a.sdt = (tp_dtype)PyLong_AsLong(PyTuple_GET_ITEM(o, 1));
+      PyObject *v = PyTuple_GET_ITEM(o, 2);
+      if (PyFloat_Check(v)) {
+        a->a.f = PyFloat_AS_DOUBLE(v);
+        a->a.i = (int64_t)a->a.f;
+      } else if (PyComplex_Check(v)) {
+        a->a.f = PyComplex_RealAsDouble(v);
+      } else {
+        int overflow = 0;
+        a->a.i = PyLong_AsLongLongAndOverflow(v, &overflow);
+        if (overflow) {
+          /* uint64 values above INT64_MAX */
+          a->a.i = (int64_t)PyLong_AsUnsignedLongLongMask(v);
+        }
+        a->a.f = PyLong_AsDouble(v);
+        if (PyErr_Occurred()) PyErr_Clear();
+      }
+      a->a.wrapped = PyObject_IsTrue(PyTuple_GET_ITEM(o, 3));
+    } else if (tag[0] == 'L' && PyTuple_GET_SIZE(o) == 2) {
+      PyObject *f = PySequence_Fast(PyTuple_GET_ITEM(o, 1), "expected a list of tensors");
+      if (!f) return -1;
+      Py_ssize_t n = PySequence_Fast_GET_SIZE(f);
+      a->a.kind = TP_ARG_TENSORS;
+      a->a.n = (int)n;
+      a->ts = &m->ptrs[m->nptrs];
+      for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *it = PySequence_Fast_GET_ITEM(f, i);
+        if (it == Py_None) {
+          m->ptrs[m->nptrs++] = NULL;
+          continue;
+        }
+        tp_tensor_ref *r = &m->refs[m->nrefs++];
+        if (parse_ref(it, r) < 0) {
+          Py_DECREF(f);
+          return -1;
+        }
+        m->ptrs[m->nptrs++] = r;
+      }
+      Py_DECREF(f);
+    } else {
+      PyErr_SetString(PyExc_TypeError, "internal: unknown argument tag");
+      return -1;
+    }
+  } else if (PyList_Check(o) || PyTuple_Check(o)) {
+    Py_ssize_t n = PySequence_Size(o);
+    a->a.kind = TP_ARG_INTS;
+    a->a.n = (int)n;
+    a->a.ints = &m->ints[m->nints];
+    for (Py_ssize_t i = 0; i < n; i++) {
+      PyObject *it = PySequence_GetItem(o, i);
+      if (!it) return -1;
+      m->ints[m->nints++] = PyLong_AsLongLong(it);
+      Py_DECREF(it);
+    }
+  } else {
+    PyErr_Format(PyExc_TypeError, "internal: cannot pass %s to the tpu runtime", Py_TYPE(o)->tp_name);
+    return -1;
+  }
+  return PyErr_Occurred() ? -1 : 0;
+}
+
+/* run(op, args, out_types, outs) */
+static PyObject *py_run(PyObject *self, PyObject *pyargs) {
+  (void)self;
+  const char *op;
+  PyObject *args, *out_types, *outs;
+  if (!PyArg_ParseTuple(pyargs, "sO!OO!", &op, &PyTuple_Type, &args, &out_types, &PyTuple_Type, &outs)) return NULL;
+  Py_ssize_t nargs = PyTuple_GET_SIZE(args), nouts = PyTuple_GET_SIZE(outs);
+  call_mem m = {0};
+  tp_type *ot = NULL;
+  tp_tensor_ref *orefs = NULL;
+  PyObject *ret = NULL;
+  for (Py_ssize_t i = 0; i < nargs; i++)
+    if (count_arg(PyTuple_GET_ITEM(args, i), &m) < 0) goto done;
+  m.args = calloc((size_t)nargs + 1, sizeof(tp_eager_arg));
+  m.refs = calloc(m.nrefs + 1, sizeof(tp_tensor_ref));
+  m.ptrs = calloc(m.nptrs + 1, sizeof(tp_tensor_ref *));
+  m.ints = calloc(m.nints + 1, sizeof(int64_t));
+  orefs = calloc((size_t)nouts + 1, sizeof(tp_tensor_ref));
+  if (!m.args || !m.refs || !m.ptrs || !m.ints || !orefs) {
+    PyErr_NoMemory();
+    goto done;
+  }
+  m.nrefs = m.nptrs = m.nints = 0;
+  for (Py_ssize_t i = 0; i < nargs; i++)
+    if (parse_arg(PyTuple_GET_ITEM(args, i), &m.args[i], &m) < 0) goto done;
+  for (Py_ssize_t i = 0; i < nouts; i++)
+    if (parse_ref(PyTuple_GET_ITEM(outs, i), &orefs[i]) < 0) goto done;
+  if (out_types != Py_None) {
+    if (!PyTuple_Check(out_types) || PyTuple_GET_SIZE(out_types) != nouts) {
+      PyErr_SetString(PyExc_TypeError, "internal: out_types must match outs");
+      goto done;
+    }
+    ot = calloc((size_t)nouts + 1, sizeof(tp_type));
+    if (!ot) {
+      PyErr_NoMemory();
+      goto done;
+    }
+    for (Py_ssize_t i = 0; i < nouts; i++) {
+      PyObject *t = PyTuple_GET_ITEM(out_types, i);
+      if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) != 2) {
+        PyErr_SetString(PyExc_TypeError, "internal: out_types entries are (dtype, sizes)");
+        goto done;
+      }
+      ot[i].dt = (tp_dtype)PyLong_AsLong(PyTuple_GET_ITEM(t, 0));
+      if (parse_dims(PyTuple_GET_ITEM(t, 1), ot[i].dims, &ot[i].rank) < 0) goto done;
+    }
+  }
+  tp_status *st;
+  Py_BEGIN_ALLOW_THREADS st = tp_eager_run(op, m.args, (int)nargs, ot, orefs, (int)nouts);
+  Py_END_ALLOW_THREADS if (st) {
+    raise_status(st);
+    goto done;
+  }
+  ret = Py_NewRef(Py_None);
+done:
+  call_mem_free(&m);
+  free(ot);
+  free(orefs);
+  return ret;
+}
+
+static PyObject *py_has_lowering(PyObject *self, PyObject *arg) {
+  (void)self;
+  const char *name = PyUnicode_AsUTF8(arg);
+  if (!name) return NULL;
+  return PyBool_FromLong(tp_lower_find(name) != NULL);
+}
+
+static PyObject *py_lowering_names(PyObject *self, PyObject *unused) {
+  (void)self;
+  (void)unused;
+  PyObject *l = PyList_New(0);
+  if (!l) return NULL;
+  for (const char *const *p = tp_lower_names(); *p; p++) {
+    PyObject *s = PyUnicode_FromString(*p);
+    if (!s || PyList_Append(l, s) < 0) {
+      Py_XDECREF(s);
+      Py_DECREF(l);
+      return NULL;
+    }
+    Py_DECREF(s);
+  }
+  return l;
+}
+
+/* write_host(ref, host_ptr) / read_host(ref, host_ptr) */
+static PyObject *py_transfer(PyObject *pyargs, int to_device) {
+  PyObject *ro;
+  unsigned long long ptr;
+  if (!PyArg_ParseTuple(pyargs, "OK", &ro, &ptr)) return NULL;
+  tp_tensor_ref r;
+  if (parse_ref(ro, &r) < 0) return NULL;
+  tp_status *st;
+  Py_BEGIN_ALLOW_THREADS st = to_device ? tp_eager_write_host(&r, (const void *)(uintptr_t)ptr)
+                                        : tp_eager_read_host(&r, (void *)(uintptr_t)ptr);
+  Py_END_ALLOW_THREADS if (st) return raise_status(st);
+  Py_RETURN_NONE;
+}
+static PyObject *py_write_host(PyObject *self, PyObject *a) {
+  (void)self;
+  return py_transfer(a, 1);
+}
+static PyObject *py_read_host(PyObject *self, PyObject *a) {
+  (void)self;
+  return py_transfer(a, 0);
+}
+
+static PyObject *py_init(PyObject *self, PyObject *a) {
+  (void)self;
+  const char *path;
+  int ndev;
+  if (!PyArg_ParseTuple(a, "si", &path, &ndev)) return NULL;
+  tp_runtime_config cfg = {path, ndev};
+  tp_status *st;
+  Py_BEGIN_ALLOW_THREADS st = tp_runtime_init(&cfg);
+  Py_END_ALLOW_THREADS if (st) return raise_status(st);
+  Py_RETURN_NONE;
+}
+
+static tp_plugin *plugin_or_raise(void) {
+  tp_plugin *p = tp_runtime_plugin();
+  if (!p) PyErr_SetString(PyExc_RuntimeError, "the tpu runtime is not initialised");
+  return p;
+}
+
+static PyObject *py_info(PyObject *self, PyObject *unused) {
+  (void)self;
+  (void)unused;
+  tp_plugin *p = plugin_or_raise();
+  if (!p) return NULL;
+  return Py_BuildValue("{s:s,s:s,s:s,s:s,s:i,s:s}", "path", tp_plugin_path(p), "platform", tp_plugin_platform(p),
+                       "xla_version", tp_plugin_xla_version(p), "api_version", tp_plugin_api_version(p),
+                       "device_count", tp_plugin_device_count(p), "device_kind", tp_plugin_device_kind(p, 0));
+}
+
+static PyObject *py_device_count(PyObject *self, PyObject *unused) {
+  (void)self;
+  (void)unused;
+  return PyLong_FromLong(tp_runtime_device_count());
+}
+
+static int check_device(int d) {
+  if (d < 0 || d >= tp_runtime_device_count()) {
+    PyErr_Format(PyExc_RuntimeError, "Invalid device index tpu:%d: there are %d tpu device(s)", d,
+                 tp_runtime_device_count());
+    return -1;
+  }
+  return 0;
+}
+
+static PyObject *py_synchronize(PyObject *self, PyObject *a) {
+  (void)self;
+  int d;
+  if (!PyArg_ParseTuple(a, "i", &d)) return NULL;
+  tp_status *st;
+  Py_BEGIN_ALLOW_THREADS st = tp_eager_synchronize(d);
+  Py_END_ALLOW_THREADS if (st) return raise_status(st);
+  Py_RETURN_NONE;
+}
+
+static PyObject *py_mem_stats(PyObject *self, PyObject *a) {
+  (void)self;
+  int d;
+  if (!PyArg_ParseTuple(a, "i", &d) || check_device(d) < 0) return NULL;
+  tp_plugin *p = plugin_or_raise();
+  if (!p) return NULL;
+  tp_mem_stats ms;
+  tp_status *st = tp_plugin_mem_stats(p, d, &ms);
+  if (st) return raise_status(st);
+  return Py_BuildValue("(LLL)", (long long)ms.bytes_in_use, (long long)ms.peak_bytes, (long long)ms.live_buffers);
+}
+
+static PyObject *py_reset_peak(PyObject *self, PyObject *a) {
+  (void)self;
+  int d;
+  if (!PyArg_ParseTuple(a, "i", &d) || check_device(d) < 0) return NULL;
+  tp_plugin *p = plugin_or_raise();
+  if (!p) return NULL;
+  tp_status *st = tp_plugin_reset_peak(p, d);
+  if (st) return raise_status(st);
+  Py_RETURN_NONE;
+}
+
+/* (total, free) or None when the plugin does not report device memory. */
+static PyObject *py_device_memory(PyObject *self, PyObject *a) {
+  (void)self;
+  int d;
+  if (!PyArg_ParseTuple(a, "i", &d) || check_device(d) < 0) return NULL;
+  tp_plugin *p = plugin_or_raise();
+  if (!p) return NULL;
+  int64_t total = 0, fr = 0;
+  tp_status *st = tp_plugin_device_memory(p, d, &total, &fr);
+  if (st) {
+    tp_status_free(st);
+    Py_RETURN_NONE;
+  }
+  return Py_BuildValue("(LL)", (long long)total, (long long)fr);
+}
+
+static PyObject *py_manual_seed(PyObject *self, PyObject *a) {
+  (void)self;
+  int d;
+  unsigned long long seed;
+  if (!PyArg_ParseTuple(a, "iK", &d, &seed) || check_device(d) < 0) return NULL;
+  tp_runtime_manual_seed(d, seed);
+  Py_RETURN_NONE;
+}
+
+static PyObject *py_initial_seed(PyObject *self, PyObject *a) {
+  (void)self;
+  int d;
+  if (!PyArg_ParseTuple(a, "i", &d) || check_device(d) < 0) return NULL;
+  return PyLong_FromUnsignedLongLong(tp_runtime_initial_seed(d));
+}
+
+static PyObject *py_stats(PyObject *self, PyObject *unused) {
+  (void)self;
+  (void)unused;
+  tp_eager_stats s;
+  tp_eager_get_stats(&s);
+  return Py_BuildValue("{s:L,s:L,s:L,s:d,s:L,s:L,s:L,s:L,s:L,s:L}", "cache_hits", (long long)s.cache_hits,
+                       "cache_misses", (long long)s.cache_misses, "compiles", (long long)s.compiles,
+                       "compile_seconds", (double)s.compile_ns / 1e9, "executions", (long long)s.executions,
+                       "h2d_transfers", (long long)s.h2d_transfers, "h2d_bytes", (long long)s.h2d_bytes,
+                       "d2h_transfers", (long long)s.d2h_transfers, "d2h_bytes", (long long)s.d2h_bytes,
+                       "cached_programs", (long long)s.cached_programs);
+}
+
+static PyObject *py_clear_cache(PyObject *self, PyObject *unused) {
+  (void)self;
+  (void)unused;
+  tp_eager_clear_cache();
+  Py_RETURN_NONE;
+}
+
+static PyMethodDef methods[] = {
+    {"init", py_init, METH_VARARGS, "init(plugin_path, cpu_device_count): open the PJRT plugin"},
+    {"info", py_info, METH_NOARGS, "plugin facts: path, platform, versions, device kind"},
+    {"device_count", py_device_count, METH_NOARGS, "number of devices (0 before init)"},
+    {"run", py_run, METH_VARARGS, "run(op, args, out_types, outs): run one op"},
+    {"has_lowering", py_has_lowering, METH_O, "has_lowering(name) -> bool"},
+    {"lowering_names", py_lowering_names, METH_NOARGS, "all op names with a lowering rule"},
+    {"write_host", py_write_host, METH_VARARGS, "write_host(ref, ptr): copy dense host data into a view"},
+    {"read_host", py_read_host, METH_VARARGS, "read_host(ref, ptr): copy a view into dense host memory"},
+    {"synchronize", py_synchronize, METH_VARARGS, "synchronize(device): wait for pending work (-1: all)"},
+    {"mem_stats", py_mem_stats, METH_VARARGS, "mem_stats(device) -> (bytes_in_use, peak, live_buffers)"},
+    {"reset_peak", py_reset_peak, METH_VARARGS, "reset_peak(device)"},
+    {"device_memory", py_device_memory, METH_VARARGS, "device_memory(device) -> (total, free) or None"},
+    {"manual_seed", py_manual_seed, METH_VARARGS, "manual_seed(device, seed)"},
+    {"initial_seed", py_initial_seed, METH_VARARGS, "initial_seed(device) -> seed"},
+    {"stats", py_stats, METH_NOARGS, "eager engine counters"},
+    {"clear_cache", py_clear_cache, METH_NOARGS, "drop all cached programs"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef moddef = {PyModuleDef_HEAD_INIT, "torch_pjrt._C", "torch-pjrt C core", -1, methods,
+                                    NULL, NULL, NULL, NULL};
+
+PyMODINIT_FUNC PyInit__C(void) { return PyModule_Create(&moddef); }

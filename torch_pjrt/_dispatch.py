@@ -1,0 +1,433 @@
+"""The boxed PrivateUse1 fallback: every computing ATen op on "tpu" lands here.
+
+For each op we (1) let PyTorch's meta function check the arguments and
+compute output shapes, dtypes and strides -- so shape and dtype errors are
+PyTorch's own; (2) allocate outputs on "tpu" (functional ops), or use
+`self` (in-place) / `out=` tensors; (3) hand the op name, the arguments and
+the outputs to the C core, which lowers the op to StableHLO with its one
+lowering table, caches the compiled program and runs it.
+
+An op without a lowering is decomposed with PyTorch's decompositions when
+one exists; otherwise it raises NotImplementedError, or runs on the CPU
+when CPU fallback is on.
+"""
+import os
+import threading
+
+import torch
+from torch.utils._pytree import tree_map
+
+from . import _C
+from ._dtypes import CODE
+
+_fallback_lib = None
+_impl_lib = None
+_state = threading.local()
+
+# --------------------------------------------------------------------------
+# CPU fallback switch and counters
+
+_cpu_fallback = os.environ.get("TORCH_PJRT_CPU_FALLBACK", "0") not in ("", "0", "false", "False")
+_fallback_counts = {}
+_fallback_lock = threading.Lock()
+
+
+def set_cpu_fallback(enabled: bool):
+    """Run ops that have no tpu lowering on the CPU (slow, but complete)."""
+    global _cpu_fallback
+    _cpu_fallback = bool(enabled)
+
+
+def cpu_fallback_enabled() -> bool:
+    return _cpu_fallback
+
+
+def cpu_fallback_counts():
+    """{op name: times it ran on the CPU} since start (or the last reset)."""
+    with _fallback_lock:
+        return dict(_fallback_counts)
+
+
+def reset_cpu_fallback_counts():
+    with _fallback_lock:
+        _fallback_counts.clear()
+
+
+# Ops whose output shape depends on the data: computed on the host, always.
+# (A PJRT program needs static shapes.)  They are counted like fallbacks.
+_HOST_OPS = {
+    "aten::nonzero",
+    "aten::masked_select",
+    "aten::_unique2",
+    "aten::unique_dim",
+    "aten::unique_consecutive",
+    "aten::_unique",
+    "aten::repeat_interleave.Tensor",
+    "aten::bincount",
+    "aten::histc",
+}
+
+# --------------------------------------------------------------------------
+# Encoding arguments for the C core
+
+
+def _ref(t):
+    return ("T", t.untyped_storage().data_ptr(), CODE[t.dtype], t.shape, t.stride(), t.storage_offset())
+
+
+def _is_tpu(t):
+    return isinstance(t, torch.Tensor) and t.device.type == "tpu"
+
+
+def _scalar_code(v):
+    if isinstance(v, bool):
+        return 11
+    if isinstance(v, int):
+        return 4
+    if isinstance(v, complex):
+        return 10
+    return 7
+
+
+_NUMBER_TYPES = ("Tensor", "Tensor?", "number", "number?", "Scalar", "Scalar?")
+
+
+def _encode(v, device, number_is_scalar=False):
+    """One argument value -> what _C.run takes.  Python numbers passed where
+    the schema takes a Tensor or Scalar are runtime scalars."""
+    if number_is_scalar and isinstance(v, (bool, int, float, complex)):
+        return ("S", _scalar_code(v), v, True)
+    if isinstance(v, torch.Tensor):
+        if v.device.type == "tpu":
+            if v.device.index != device:
+                raise RuntimeError(
+                    f"Expected all tensors to be on the same device, but found at least two devices, "
+                    f"tpu:{device} and {v.device}!"
+                )
+            return _ref(v)
+        if v.dim() == 0 and v.device.type == "cpu":
+            # A Python number wrapped by the arg parser, or a CPU scalar tensor
+            # (which PyTorch allows next to device tensors).
+            wrapped = v.dtype in (torch.float64, torch.int64, torch.bool, torch.complex128)
+            return ("S", CODE[v.dtype], v.item(), wrapped)
+        raise RuntimeError(
+            f"Expected all tensors to be on the same device, but found at least two devices, "
+            f"tpu:{device} and {v.device}!"
+        )
+    if isinstance(v, (bool, int, float, str)) or v is None:
+        return v
+    if isinstance(v, torch.dtype):
+        return CODE.get(v)
+    if isinstance(v, (list, tuple)):
+        if any(isinstance(x, torch.Tensor) for x in v) or (v and all(x is None for x in v)):
+            return ("L", [None if x is None else _encode(x, device) for x in v])
+        if all(isinstance(x, (int, bool)) for x in v):
+            return [int(x) for x in v]
+        return None  # float lists etc.: no rule reads them yet
+    # memory_format, layout, device, generator: rules do not need them
+    return None
+
+
+def _device_of(args, kwargs):
+    dev = None
+    for v in list(args) + list(kwargs.values()):
+        if isinstance(v, torch.Tensor) and v.device.type == "tpu":
+            return v.device.index
+        if isinstance(v, (list, tuple)):
+            for x in v:
+                if isinstance(x, torch.Tensor) and x.device.type == "tpu":
+                    return x.device.index
+    return dev
+
+
+def _to_meta(v):
+    if isinstance(v, torch.Tensor) and v.device.type == "tpu":
+        return torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device="meta")
+    return v
+
+
+# --------------------------------------------------------------------------
+# Per-op handlers
+
+
+def _qualname(op):
+    s = op._schema
+    return f"{s.name}.{s.overload_name}" if s.overload_name else s.name
+
+
+class _Handler:
+    """How one OpOverload runs on tpu; built on first use."""
+
+    def __init__(self, op):
+        self.op = op
+        self.name = _qualname(op)
+        schema = op._schema
+        self.schema = schema
+        self.args_schema = list(schema.arguments)
+        self.is_out = any(a.is_out for a in self.args_schema) or schema.overload_name.startswith("out")
+        base = schema.name.split("::")[1]
+        self.is_inplace = base.endswith("_") and not self.is_out and bool(schema.returns) and (
+            schema.returns[0].alias_info is not None and schema.returns[0].alias_info.is_write
+        )
+        self.lowering = None
+        self.functional_args = self.args_schema
+        if self.is_out:
+            self.lowering, self.functional_args = self._functional_for_out()
+        elif self.is_inplace:
+            if _C.has_lowering(self.name):
+                self.lowering = self.name
+            else:
+                ns, rest = self.name.split("::")
+                fname, _, ovl = rest.partition(".")
+                cand = f"{ns}::{fname[:-1]}" + (f".{ovl}" if ovl else "")
+                if _C.has_lowering(cand):
+                    self.lowering = cand
+        elif _C.has_lowering(self.name):
+            self.lowering = self.name
+        self.out_names = [a.name for a in self.args_schema if a.is_out]
+        self.number_is_scalar = [str(a.type) in _NUMBER_TYPES for a in self.functional_args]
+
+    def _functional_for_out(self):
+        """The functional overload an out= overload computes, if it has a lowering."""
+        ns, rest = self.name.split("::")
+        fname = rest.split(".")[0]
+        in_args = [a for a in self.args_schema if not a.is_out]
+        in_names = [a.name for a in in_args]
+        packet = getattr(getattr(torch.ops, ns), fname, None)
+        if packet is None:
+            return None, in_args
+        for ovl in packet.overloads():
+            cand = getattr(packet, ovl)
+            cs = cand._schema
+            if any(a.is_out for a in cs.arguments):
+                continue
+            if [a.name for a in cs.arguments] == in_names:
+                q = _qualname(cand)
+                if _C.has_lowering(q):
+                    return q, in_args
+        return None, in_args
+
+    def _values(self, args, kwargs, schema_args):
+        vals = []
+        for i, a in enumerate(schema_args):
+            if i < len(args) and not a.kwarg_only:
+                vals.append(args[i])
+            elif a.name in kwargs:
+                vals.append(kwargs[a.name])
+            elif a.has_default_value():
+                vals.append(a.default_value)
+            else:
+                vals.append(None)
+        return vals
+
+    def __call__(self, args, kwargs):
+        device = _device_of(args, kwargs)
+        if device is None:
+            device = 0
+        meta_args = tree_map(_to_meta, args)
+        meta_kwargs = tree_map(_to_meta, kwargs)
+        meta_out = self.op(*meta_args, **meta_kwargs)
+        vals = self._values(args, kwargs, self.functional_args)
+        enc = tuple(_encode(v, device, s) for v, s in zip(vals, self.number_is_scalar))
+        if self.is_out:
+            outs = [kwargs[n] if n in kwargs else args[len(self.args_schema) - len(self.out_names) + i]
+                    for i, n in enumerate(self.out_names)]
+            metas = meta_out if isinstance(meta_out, (tuple, list)) else (meta_out,)
+            for o, m in zip(outs, metas):
+                if o.shape != m.shape:
+                    o.resize_(m.shape)
+            _C.run(self.lowering, enc, None, tuple(_ref(o) for o in outs))
+            return outs[0] if len(outs) == 1 else tuple(outs)
+        if self.is_inplace:
+            self_t = args[0]
+            _C.run(self.lowering, enc, None, (_ref(self_t),))
+            return self_t
+        metas = meta_out if isinstance(meta_out, (tuple, list)) else (meta_out,)
+        dev = torch.device("tpu", device)
+        outs = [torch.empty_strided(m.shape, m.stride(), dtype=m.dtype, device=dev) for m in metas]
+        _C.run(self.lowering, enc, None, tuple(_ref(o) for o in outs))
+        if isinstance(meta_out, (tuple, list)):
+            return type(meta_out)(outs) if isinstance(meta_out, tuple) else outs
+        return outs[0]
+
+
+_handlers = {}
+
+
+def _handler(op):
+    h = _handlers.get(op)
+    if h is None:
+        h = _handlers[op] = _Handler(op)
+    return h
+
+
+# --------------------------------------------------------------------------
+# CPU fallback
+
+
+def _to_cpu(v):
+    return v.cpu() if _is_tpu(v) else v
+
+
+def _run_on_cpu(op, args, kwargs, count=True):
+    name = _qualname(op)
+    if count:
+        with _fallback_lock:
+            _fallback_counts[name] = _fallback_counts.get(name, 0) + 1
+    device = _device_of(args, kwargs)
+    dev = torch.device("tpu", device if device is not None else 0)
+    cargs = tree_map(_to_cpu, args)
+    ckwargs = tree_map(_to_cpu, kwargs)
+    res = op(*cargs, **ckwargs)
+    # Write back every argument the op mutates (self for in-place, out=).
+    for i, a in enumerate(op._schema.arguments):
+        if a.alias_info is not None and a.alias_info.is_write:
+            orig = args[i] if i < len(args) and not a.kwarg_only else kwargs.get(a.name)
+            new = cargs[i] if i < len(args) and not a.kwarg_only else ckwargs.get(a.name)
+            if _is_tpu(orig):
+                if orig.shape != new.shape:
+                    orig.resize_(new.shape)
+                orig.copy_(new)
+            elif isinstance(orig, (list, tuple)):
+                for o, nw in zip(orig, new):
+                    if _is_tpu(o):
+                        o.copy_(nw)
+
+    def back(r):
+        if isinstance(r, torch.Tensor):
+            # Returned aliases of mutated arguments are the originals.
+            for i, a in enumerate(op._schema.arguments):
+                src = cargs[i] if i < len(cargs) else ckwargs.get(a.name)
+                if src is r:
+                    return args[i] if i < len(args) else kwargs.get(a.name)
+            for key, v in ckwargs.items():
+                if v is r:
+                    return kwargs[key]
+            return r.to(dev)
+        return r
+
+    return tree_map(back, res)
+
+
+def _unsupported(op):
+    name = _qualname(op)
+    return NotImplementedError(
+        f"The operator '{name}' is not currently implemented for the tpu device (torch-pjrt has no "
+        f"lowering for it). To run it on the CPU instead, at a cost in speed, set the environment "
+        f"variable TORCH_PJRT_CPU_FALLBACK=1 or call torch_pjrt.set_cpu_fallback(True)."
+    )
+
+
+# --------------------------------------------------------------------------
+# The fallback itself
+
+_decomp_table = None
+
+
+def _decomposition(op):
+    global _decomp_table
+    if _decomp_table is None:
+        from torch._decomp import decomposition_table
+
+        _decomp_table = decomposition_table
+    return _decomp_table.get(op)
+
+
+def _fallback(op, *args, **kwargs):
+    h = _handler(op)
+    if h.lowering is not None:
+        return h(args, kwargs)
+    name = h.name
+    if name in _HOST_OPS:
+        return _run_on_cpu(op, args, kwargs)
+    special = _SPECIAL.get(name)
+    if special is not None:
+        return special(*args, **kwargs)
+    depth = getattr(_state, "decomp_depth", 0)
+    decomp = _decomposition(op) if depth < 8 else None
+    if decomp is not None:
+        _state.decomp_depth = depth + 1
+        try:
+            return decomp(*args, **kwargs)
+        except NotImplementedError:
+            if not _cpu_fallback:
+                raise
+        finally:
+            _state.decomp_depth = depth
+    if _cpu_fallback:
+        return _run_on_cpu(op, args, kwargs)
+    raise _unsupported(op)
+
+
+# --------------------------------------------------------------------------
+# Ops implemented here because they move data between host and device or
+# return Python values.
+
+
+def _copy_from(src, dst, non_blocking=False):
+    if dst.numel() == 0:
+        return dst
+    if src.device.type == "tpu" and dst.device.type == "tpu":
+        if src.device == dst.device:
+            _C.run("tp::copy", (_ref(src),), None, (_ref(dst),))
+            return dst
+        return dst.copy_(src.cpu())
+    if dst.device.type == "tpu":  # host -> device
+        host = src.to(dtype=dst.dtype).expand(dst.shape).contiguous()
+        if host.is_conj():
+            host = host.resolve_conj()
+        _C.write_host(_ref(dst), host.data_ptr())
+        return dst
+    # device -> host
+    if dst.dtype == src.dtype and dst.shape == src.shape and dst.is_contiguous() and dst.device.type == "cpu":
+        _C.read_host(_ref(src), dst.data_ptr())
+        return dst
+    tmp = torch.empty(src.shape, dtype=src.dtype)
+    _C.read_host(_ref(src), tmp.data_ptr())
+    return dst.copy_(tmp)
+
+
+def _copy_from_and_resize(src, dst):
+    if dst.shape != src.shape:
+        dst.resize_(src.shape)
+    return _copy_from(src, dst)
+
+
+def _local_scalar_dense(t):
+    tmp = torch.empty((), dtype=t.dtype)
+    _C.read_host(_ref(t), tmp.data_ptr())
+    return tmp.item()
+
+
+def _equal(a, b):
+    if a.shape != b.shape:
+        return False
+    return bool(torch.eq(a, b).all().item())
+
+
+def _is_set_to(a, b):
+    return (
+        a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+        and a.storage_offset() == b.storage_offset()
+        and a.shape == b.shape
+        and a.stride() == b.stride()
+    )
+
+
+_SPECIAL = {
+    "aten::_copy_from": _copy_from,
+    "aten::_copy_from_and_resize": _copy_from_and_resize,
+    "aten::_local_scalar_dense": _local_scalar_dense,
+    "aten::equal": _equal,
+    "aten::is_set_to": _is_set_to,
+}
+
+
+def install():
+    """Register the fallback (once per process)."""
+    global _fallback_lib
+    if _fallback_lib is not None:
+        return
+    lib = torch.library.Library("_", "IMPL")
+    lib.fallback(_fallback, "PrivateUse1")
+    _fallback_lib = lib

@@ -1,0 +1,28 @@
+"""torch.dtype <-> the C core's dtype codes (c10::ScalarType values)."""
+import torch
+
+CODE = {
+    torch.uint8: 0,
+    torch.int8: 1,
+    torch.int16: 2,
+    torch.int32: 3,
+    torch.int64: 4,
+    torch.float16: 5,
+    torch.float32: 6,
+    torch.float64: 7,
+    torch.complex64: 9,
+    torch.complex128: 10,
+    torch.bool: 11,
+    torch.bfloat16: 15,
+    torch.uint16: 27,
+    torch.uint32: 28,
+    torch.uint64: 29,
+}
+DTYPE = {v: k for k, v in CODE.items()}
+
+
+def code(dtype):
+    try:
+        return CODE[dtype]
+    except KeyError:
+        raise TypeError(f"dtype {dtype} is not supported on the tpu device") from None

@@ -1,0 +1,144 @@
+"""torch.tpu: the device module, shaped like torch.cuda."""
+import torch
+
+from . import _C
+
+_seed_lock = None
+
+
+def is_available() -> bool:
+    return _C.device_count() > 0
+
+
+def device_count() -> int:
+    return _C.device_count()
+
+
+def current_device() -> int:
+    return torch._C._accelerator_getDeviceIndex() if hasattr(torch._C, "_accelerator_getDeviceIndex") else 0
+
+
+def _index(device=None) -> int:
+    if device is None:
+        return current_device()
+    if isinstance(device, int):
+        idx = device
+    else:
+        device = torch.device(device)
+        if device.type != "tpu":
+            raise ValueError(f"Expected a tpu device, but got: {device}")
+        idx = device.index if device.index is not None else current_device()
+    if not 0 <= idx < device_count():
+        raise RuntimeError(f"Invalid device index tpu:{idx}: there are {device_count()} tpu device(s)")
+    return idx
+
+
+def set_device(device) -> None:
+    torch._C._accelerator_setDeviceIndex(_index(device))
+
+
+class device:
+    """Context manager that changes the current tpu device (like torch.cuda.device)."""
+
+    def __init__(self, device):
+        self.idx = _index(device) if device is not None else -1
+        self.prev = -1
+
+    def __enter__(self):
+        self.prev = current_device()
+        if self.idx >= 0:
+            set_device(self.idx)
+
+    def __exit__(self, *exc):
+        if self.idx >= 0:
+            set_device(self.prev)
+        return False
+
+
+def synchronize(device=None) -> None:
+    """Wait until all work queued on the device has finished."""
+    _C.synchronize(_index(device))
+
+
+def get_device_name(device=None) -> str:
+    idx = _index(device)
+    info = _C.info()
+    kind = info["device_kind"] or info["platform"]
+    return f"{kind} (PJRT plugin {info['platform']}, {info['path']}, device {idx})"
+
+
+def get_device_properties(device=None):
+    idx = _index(device)
+    info = _C.info()
+    return {"name": get_device_name(idx), "platform": info["platform"], "plugin": info["path"],
+            "xla_version": info["xla_version"], "pjrt_api_version": info["api_version"]}
+
+
+# ---- random numbers ---------------------------------------------------------
+
+
+def manual_seed(seed) -> None:
+    _C.manual_seed(current_device(), int(seed) & 0xFFFFFFFFFFFFFFFF)
+
+
+def manual_seed_all(seed) -> None:
+    for i in range(device_count()):
+        _C.manual_seed(i, int(seed) & 0xFFFFFFFFFFFFFFFF)
+
+
+def seed() -> None:
+    import random
+
+    manual_seed(random.getrandbits(63))
+
+
+def seed_all() -> None:
+    import random
+
+    manual_seed_all(random.getrandbits(63))
+
+
+def initial_seed() -> int:
+    return _C.initial_seed(current_device())
+
+
+def _is_in_bad_fork() -> bool:
+    return False
+
+
+# ---- memory -----------------------------------------------------------------
+
+
+def memory_allocated(device=None) -> int:
+    return _C.mem_stats(_index(device))[0]
+
+
+def max_memory_allocated(device=None) -> int:
+    return _C.mem_stats(_index(device))[1]
+
+
+def reset_peak_memory_stats(device=None) -> None:
+    _C.reset_peak(_index(device))
+
+
+def memory_stats(device=None) -> dict:
+    in_use, peak, live = _C.mem_stats(_index(device))
+    return {"allocated_bytes.all.current": in_use, "allocated_bytes.all.peak": peak,
+            "active.all.current": live}
+
+
+def mem_get_info(device=None):
+    """(free, total) bytes, like torch.cuda.mem_get_info.
+
+    Plugins that do not report device memory (the XLA CPU plugin) give the
+    host's physical memory as total and total minus what tpu tensors hold as
+    free."""
+    idx = _index(device)
+    r = _C.device_memory(idx)
+    if r is not None:
+        total, free = r
+        return free, total
+    import os
+
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return max(total - memory_allocated(idx), 0), total

@@ -172,7 +172,13 @@ class _Handler:
         self.lowering = None
         self.functional_args = self.args_schema
         if self.is_out:
-            self.lowering, self.functional_args = self._functional_for_out()
+            # A rule for the out= overload itself (factories like arange.start_out),
+            # else the rule of the functional overload it computes.
+            if _C.has_lowering(self.name):
+                self.lowering = self.name
+                self.functional_args = [a for a in self.args_schema if not a.is_out]
+            else:
+                self.lowering, self.functional_args = self._functional_for_out()
         elif self.is_inplace:
             if _C.has_lowering(self.name):
                 self.lowering = self.name

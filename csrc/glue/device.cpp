@@ -141,8 +141,15 @@ struct TpGuardImpl final : c10::impl::DeviceGuardImplInterface {
     return default_stream(s.device());
   }
   bool queryStream(const c10::Stream&) const override { return true; }
-  void synchronizeStream(const c10::Stream&) const override {}
-  void synchronizeDevice(c10::DeviceIndex) const override {}
+  // One stream per device: waiting for it is waiting for every pending
+  // computation whose result lives on that device.
+  void synchronizeStream(const c10::Stream& s) const override {
+    synchronizeDevice(s.device_index());
+  }
+  void synchronizeDevice(c10::DeviceIndex d) const override {
+    tp_status* st = tp_storage_await_all(d);
+    if (st) throw_status(st, "synchronize");
+  }
 
   // Events: recording leaves *event null (nothing to destroy); with a single
   // in-order stream, blocking on or querying one has nothing to wait for.

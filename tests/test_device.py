@@ -1,0 +1,300 @@
+"""The "tpu" device: torch.tpu API, transfers, factories, aliasing, several
+devices, errors."""
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import torch_pjrt
+from util import check
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int64, torch.int32,
+          torch.int16, torch.int8, torch.uint8, torch.bool]
+
+
+def test_device_module():
+    assert torch.tpu.is_available()
+    assert torch.tpu.device_count() == int(os.environ["TORCH_PJRT_CPU_DEVICES"])
+    assert torch.tpu.current_device() == 0
+    name = torch.tpu.get_device_name()
+    assert "cpu" in name and "xla_cpu_pjrt" in name  # says which plugin backs it
+    torch.tpu.synchronize()
+    free, total = torch.tpu.mem_get_info()
+    assert 0 < free <= total
+
+
+def test_set_device():
+    torch.tpu.set_device(1)
+    try:
+        assert torch.tpu.current_device() == 1
+        t = torch.empty(3, device="tpu")
+        assert t.device == torch.device("tpu", 1)
+    finally:
+        torch.tpu.set_device(0)
+    with pytest.raises(RuntimeError):
+        torch.tpu.set_device(7)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_round_trip(dtype):
+    x = (torch.randn(5, 7) * 50).to(dtype)
+    t = x.to("tpu")
+    assert t.device.type == "tpu" and t.dtype == dtype and t.shape == x.shape
+    assert torch.equal(t.cpu(), x)
+
+
+def test_round_trip_views():
+    x = torch.randn(6, 8)
+    t = x.to("tpu")
+    for view in (lambda a: a.t(), lambda a: a[1:4, ::3], lambda a: a[:, 2], lambda a: a.view(8, 6)[2:],
+                 lambda a: a.unsqueeze(0).expand(3, 6, 8), lambda a: a.as_strided((3, 3), (1, 2), 5)):
+        assert torch.equal(view(t).cpu(), view(x))
+    assert torch.equal(t.t().contiguous().cpu(), x.t().contiguous())
+
+
+def test_item_and_print():
+    t = torch.tensor([1.5, -2.0, 3.25]).to("tpu")
+    assert t[1].item() == -2.0
+    assert torch.tensor(7, dtype=torch.int64).to("tpu").item() == 7
+    s = str(t)
+    assert "device='tpu:0'" in s and "1.5000" in s and "3.2500" in s
+
+
+def test_factories():
+    z = torch.zeros(2, 3, device="tpu")
+    assert z.device.type == "tpu" and torch.equal(z.cpu(), torch.zeros(2, 3))
+    assert torch.equal(torch.ones(4, dtype=torch.int32, device="tpu").cpu(), torch.ones(4, dtype=torch.int32))
+    assert torch.equal(torch.full((2, 2), 3.5, device="tpu").cpu(), torch.full((2, 2), 3.5))
+    assert torch.equal(torch.arange(10, device="tpu").cpu(), torch.arange(10))
+    assert torch.equal(torch.arange(1, 4, 0.5, device="tpu").cpu(), torch.arange(1, 4, 0.5))
+    e = torch.empty(3, 4, device="tpu")
+    assert e.shape == (3, 4)
+
+
+def test_random_factories_are_seeded():
+    torch.manual_seed(123)
+    a = torch.rand(100, device="tpu").cpu()
+    b = torch.randn(100, device="tpu").cpu()
+    torch.manual_seed(123)
+    assert torch.equal(torch.rand(100, device="tpu").cpu(), a)
+    assert torch.equal(torch.randn(100, device="tpu").cpu(), b)
+    assert not torch.equal(torch.rand(100, device="tpu").cpu(), a)
+    assert 0 <= a.min() and a.max() < 1
+
+
+def test_to_dtype_and_copy():
+    x = torch.randn(4, 5)
+    t = x.to("tpu")
+    for dt in (torch.float64, torch.bfloat16, torch.int32, torch.bool):
+        assert torch.equal(t.to(dt).cpu(), x.to(dt))
+    dst = torch.empty(4, 5, dtype=torch.float64, device="tpu")
+    dst.copy_(t)
+    assert torch.equal(dst.cpu(), x.double())
+    host = torch.empty(4, 5)
+    host.copy_(t)
+    assert torch.equal(host, x)
+
+
+# ---- aliasing -----------------------------------------------------------------
+
+
+def _both(fn):
+    """Apply fn to a CPU tensor and a tpu copy; the bases must agree afterwards."""
+    base = torch.arange(24, dtype=torch.float32).reshape(4, 6)
+    tb = base.to("tpu")
+    fn(base)
+    fn(tb)
+    assert torch.equal(tb.cpu(), base)
+
+
+def test_write_through_slice():
+    _both(lambda b: b[1:3, ::2].fill_(-1))
+
+
+def test_write_through_view_and_transpose():
+    _both(lambda b: b.view(24)[5:9].mul_(10))
+    _both(lambda b: b.t().add_(100))
+    _both(lambda b: b.t()[2].zero_())
+
+
+def test_write_through_as_strided():
+    _both(lambda b: b.as_strided((2, 2), (7, 1), 3).copy_(torch.tensor([[1.0, 2.0], [3.0, 4.0]])))
+
+
+def test_setitem_and_views_see_base_changes():
+    base = torch.zeros(3, 4)
+    tb = base.to("tpu")
+    v, tv = base[1], tb[1]
+    base[1, 2] = 5
+    tb[1, 2] = 5
+    base.add_(1)
+    tb.add_(1)
+    assert torch.equal(tv.cpu(), v)
+    assert torch.equal(tb.cpu(), base)
+
+
+def test_copy_between_devices_into_view():
+    tb = torch.zeros(3, 4, device="tpu")
+    tb[:, 1].copy_(torch.tensor([1.0, 2.0, 3.0]))
+    other = torch.ones(3, device="tpu:1") * 7
+    tb[0, :3].copy_(other)
+    expect = torch.zeros(3, 4)
+    expect[:, 1] = torch.tensor([1.0, 2.0, 3.0])
+    expect[0, :3] = 7
+    assert torch.equal(tb.cpu(), expect)
+
+
+def test_inplace_on_view_of_view():
+    _both(lambda b: b[1:].t()[1:3].sub_(0.5))
+
+
+# ---- several devices ----------------------------------------------------------
+
+
+def test_second_device():
+    x = torch.randn(3, 3)
+    t1 = x.to("tpu:1")
+    assert t1.device == torch.device("tpu", 1)
+    r = (t1 * 2 + 1)
+    assert r.device == torch.device("tpu", 1)
+    assert torch.allclose(r.cpu(), x * 2 + 1)
+    t0 = t1.to("tpu:0")
+    assert t0.device == torch.device("tpu", 0)
+    assert torch.equal(t0.cpu(), x)
+
+
+def test_mixing_devices_raises():
+    a = torch.ones(2, device="tpu:0")
+    b = torch.ones(2, device="tpu:1")
+    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
+        a + b
+    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
+        a + torch.ones(2)
+
+
+def test_cpu_scalar_tensor_is_allowed():
+    a = torch.ones(2, device="tpu")
+    assert torch.equal((a * torch.tensor(3.0)).cpu(), torch.full((2,), 3.0))
+
+
+# ---- errors ---------------------------------------------------------------------
+
+
+def _cpu_error(fn):
+    with pytest.raises(Exception) as info:
+        fn("cpu")
+    return info.value
+
+
+@pytest.mark.parametrize("case", ["broadcast", "matmul", "inplace_dtype", "cat"])
+def test_errors_match_cpu(case):
+    fns = {
+        "broadcast": lambda d: torch.ones(2, 3, device=d) + torch.ones(4, device=d),
+        "matmul": lambda d: torch.ones(2, 3, device=d) @ torch.ones(4, 5, device=d),
+        "inplace_dtype": lambda d: torch.ones(3, dtype=torch.int64, device=d).add_(torch.ones(3, device=d) * 0.5),
+        "cat": lambda d: torch.cat([torch.ones(2, 3, device=d), torch.ones(2, 4, device=d)]),
+    }
+    cpu = _cpu_error(fns[case])
+    with pytest.raises(type(cpu)) as info:
+        fns[case]("tpu")
+    assert str(info.value).split("\n")[0] == str(cpu).split("\n")[0]
+
+
+def test_unsupported_op_names_op_and_fallback():
+    x = torch.randn(8, device="tpu")
+    torch_pjrt.set_cpu_fallback(False)
+    with pytest.raises(NotImplementedError) as info:
+        torch.fft.rfft(x)
+    msg = str(info.value)
+    assert "aten::_fft_r2c" in msg and "TORCH_PJRT_CPU_FALLBACK=1" in msg
+
+
+def test_cpu_fallback_runs_and_counts():
+    x = torch.randn(8)
+    torch_pjrt.reset_cpu_fallback_counts()
+    torch_pjrt.set_cpu_fallback(True)
+    try:
+        r = torch.fft.rfft(x.to("tpu"))
+    finally:
+        torch_pjrt.set_cpu_fallback(False)
+    assert r.device.type == "tpu"
+    assert torch.allclose(r.cpu(), torch.fft.rfft(x))
+    assert torch_pjrt.cpu_fallback_counts().get("aten::_fft_r2c") == 1
+
+
+def _import_with(env):
+    e = dict(os.environ, **env)
+    return subprocess.run([sys.executable, "-c", "import torch_pjrt"], env=e, capture_output=True, text=True,
+                          cwd=ROOT, timeout=120)
+
+
+def test_missing_plugin_is_a_clear_error():
+    r = _import_with({"TORCH_PJRT_PLUGIN": "/nonexistent/libtpu.so"})
+    assert r.returncode == 1
+    assert "RuntimeError" in r.stderr and "/nonexistent/libtpu.so" in r.stderr and "TORCH_PJRT_PLUGIN" in r.stderr
+
+
+def test_broken_plugin_is_a_clear_error(tmp_path):
+    bad = tmp_path / "broken_plugin.so"
+    bad.write_bytes(b"this is not a shared object")
+    r = _import_with({"TORCH_PJRT_PLUGIN": str(bad)})
+    assert r.returncode == 1
+    assert "RuntimeError" in r.stderr and str(bad) in r.stderr
+
+
+def test_memory_stats():
+    torch.tpu.synchronize()
+    before = torch.tpu.memory_allocated()
+    t = torch.ones(1024, 256, device="tpu")
+    assert torch.tpu.memory_allocated() >= before + 1024 * 256 * 4
+    assert torch.tpu.max_memory_allocated() >= torch.tpu.memory_allocated()
+    del t
+    assert torch.tpu.memory_allocated() <= before
+    torch.tpu.reset_peak_memory_stats()
+    assert torch.tpu.max_memory_allocated() == torch.tpu.memory_allocated()
+
+
+def test_scalars_do_not_recompile():
+    x = torch.randn(16, device="tpu")
+    (x * 0.5).cpu()
+    compiles = torch_pjrt.metrics()["compiles"]
+    for s in (0.25, 1.5, 3.0, -2.0):
+        assert torch.allclose((x * s).cpu(), x.cpu() * s)
+    assert torch_pjrt.metrics()["compiles"] == compiles
+
+
+def test_async_then_synchronize():
+    a = torch.randn(256, 256).to("tpu")
+    b = a
+    for _ in range(5):
+        b = b @ a * 0.01
+    torch.tpu.synchronize()
+    assert torch.isfinite(b).all().item()
+
+
+def test_mlp_matches_cpu():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 4))
+    x = torch.randn(8, 16)
+    check(lambda m, inp: m(inp), model, x) if False else None
+    tm = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 4))
+    tm.load_state_dict(model.state_dict())
+    tm = tm.to("tpu")
+    opt_c = torch.optim.SGD(model.parameters(), lr=0.1)
+    opt_t = torch.optim.SGD(tm.parameters(), lr=0.1)
+    y = torch.randint(0, 4, (8,))
+    for _ in range(3):
+        lc = torch.nn.functional.cross_entropy(model(x), y)
+        lt = torch.nn.functional.cross_entropy(tm(x.to("tpu")), y.to("tpu"))
+        assert abs(lc.item() - lt.item()) < 1e-5
+        opt_c.zero_grad()
+        opt_t.zero_grad()
+        lc.backward()
+        lt.backward()
+        opt_c.step()
+        opt_t.step()
+    for pc, pt in zip(model.parameters(), tm.parameters()):
+        assert torch.allclose(pt.cpu(), pc, atol=1e-6)

@@ -89,6 +89,9 @@ def _scalar_code(v):
     return 7
 
 
+# Ops whose output shape (or whose errors) depend on the value of a Python number.
+_SHAPE_FROM_VALUES = {"arange", "linspace", "logspace", "range", "pow", "full"}
+
 _NUMBER_TYPES = ("Tensor", "Tensor?", "number", "number?", "Scalar", "Scalar?")
 
 
@@ -190,8 +193,13 @@ class _Handler:
                     self.lowering = cand
         elif _C.has_lowering(self.name):
             self.lowering = self.name
-        self.out_names = [a.name for a in self.args_schema if a.is_out]
-        self.number_is_scalar = [str(a.type) in _NUMBER_TYPES for a in self.functional_args]
+        self.all_args = self.args_schema
+        names = [a.name for a in self.functional_args]
+        self.functional_idx = [i for i, a in enumerate(self.args_schema) if a.name in names and not a.is_out]
+        self.out_idx = [i for i, a in enumerate(self.args_schema) if a.is_out]
+        self.number_is_scalar = [str(a.type) in _NUMBER_TYPES for a in self.args_schema]
+        self.numbers_by_value = self.name.split("::")[1].split(".")[0] in _SHAPE_FROM_VALUES
+        self.meta_cache = {}
 
     def _functional_for_out(self):
         """The functional overload an out= overload computes, if it has a lowering."""
@@ -226,34 +234,79 @@ class _Handler:
                 vals.append(None)
         return vals
 
-    def __call__(self, args, kwargs):
-        device = _device_of(args, kwargs)
+    def _encode_and_key(self, vals):
+        """Encode argument values for the C core, and build the meta-cache key:
+        everything PyTorch's meta function looks at (shapes, strides, dtypes;
+        Python numbers by type, except for ops whose output shape depends on
+        a number's value)."""
+        device = None
+        for v in vals:
+            if type(v) is torch.Tensor or isinstance(v, torch.Tensor):
+                if v.device.type == "tpu":
+                    device = v.device.index
+                    break
+            elif isinstance(v, (list, tuple)):
+                for x in v:
+                    if isinstance(x, torch.Tensor) and x.device.type == "tpu":
+                        device = x.device.index
+                        break
+                if device is not None:
+                    break
         if device is None:
             device = 0
-        meta_args = tree_map(_to_meta, args)
-        meta_kwargs = tree_map(_to_meta, kwargs)
-        meta_out = self.op(*meta_args, **meta_kwargs)
-        vals = self._values(args, kwargs, self.functional_args)
-        enc = tuple(_encode(v, device, s) for v, s in zip(vals, self.number_is_scalar))
+        enc = []
+        key = []
+        by_value = self.numbers_by_value
+        for v, num in zip(vals, self.number_is_scalar):
+            e = _encode(v, device, num)
+            enc.append(e)
+            if isinstance(v, torch.Tensor):
+                key.append((v.shape, v.stride(), v.dtype, v.device.type))
+            elif num and not by_value and isinstance(v, (bool, int, float, complex)):
+                key.append(type(v))
+            elif isinstance(v, (list, tuple)):
+                key.append(tuple((x.shape, x.stride(), x.dtype, x.device.type) if isinstance(x, torch.Tensor) else x
+                                 for x in v))
+            else:
+                key.append(v)
+        return device, tuple(enc), tuple(key)
+
+    def _meta(self, args, kwargs):
+        meta_out = self.op(*tree_map(_to_meta, args), **tree_map(_to_meta, kwargs))
+        multi = isinstance(meta_out, (tuple, list))
+        metas = meta_out if multi else (meta_out,)
+        specs = tuple(None if m is None else (m.shape, m.stride(), m.dtype) for m in metas)
+        return (multi, specs)
+
+    def __call__(self, args, kwargs):
+        vals = self._values(args, kwargs, self.all_args)
+        device, enc_all, key = self._encode_and_key(vals)
+        spec = self.meta_cache.get(key)
+        if spec is None:
+            spec = self._meta(args, kwargs)
+            if len(self.meta_cache) > 4096:
+                self.meta_cache.clear()
+            self.meta_cache[key] = spec
+        multi, specs = spec
+        enc = tuple(enc_all[i] for i in self.functional_idx)
         if self.is_out:
-            outs = [kwargs[n] if n in kwargs else args[len(self.args_schema) - len(self.out_names) + i]
-                    for i, n in enumerate(self.out_names)]
-            metas = meta_out if isinstance(meta_out, (tuple, list)) else (meta_out,)
-            for o, m in zip(outs, metas):
-                if o.shape != m.shape:
-                    o.resize_(m.shape)
+            outs = [vals[i] for i in self.out_idx]
+            for o, m in zip(outs, specs):
+                if m is not None and o.shape != m[0]:
+                    o.resize_(m[0])
             _C.run(self.lowering, enc, None, tuple(_ref(o) for o in outs))
             return outs[0] if len(outs) == 1 else tuple(outs)
         if self.is_inplace:
-            self_t = args[0]
+            self_t = vals[0]
             _C.run(self.lowering, enc, None, (_ref(self_t),))
             return self_t
-        metas = meta_out if isinstance(meta_out, (tuple, list)) else (meta_out,)
         dev = torch.device("tpu", device)
-        outs = [torch.empty_strided(m.shape, m.stride(), dtype=m.dtype, device=dev) for m in metas]
-        _C.run(self.lowering, enc, None, tuple(_ref(o) for o in outs))
-        if isinstance(meta_out, (tuple, list)):
-            return type(meta_out)(outs) if isinstance(meta_out, tuple) else outs
+        outs = [None if m is None else torch.empty_strided(m[0], m[1], dtype=m[2], device=dev) for m in specs]
+        # Backward ops with an output_mask leave some outputs undefined (None):
+        # the rule receives only the defined ones, in order.
+        _C.run(self.lowering, enc, None, tuple(_ref(o) for o in outs if o is not None))
+        if multi:
+            return tuple(outs)
         return outs[0]
 
 

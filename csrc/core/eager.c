@@ -163,6 +163,7 @@ struct tp_lower_ctx {
   int64_t st_numel[MAX_STORAGES];
   tp_val st_param[MAX_STORAGES]; /* flat parameter, -1 until used */
   tp_val st_cur[MAX_STORAGES];   /* flat value after writes, -1 if unwritten */
+  char st_read[MAX_STORAGES];    /* the program reads the storage's buffer */
   param_src *params;
   int nparams, capparams;
   int rng_used;
@@ -175,6 +176,7 @@ static int storage_index(tp_lower_ctx *c, tp_storage *s) {
   c->st[c->nst] = s;
   c->st_param[c->nst] = -1;
   c->st_cur[c->nst] = -1;
+  c->st_read[c->nst] = 0;
   return c->nst++;
 }
 
@@ -573,9 +575,11 @@ static void build_key(kbuf *k, tp_lower_ctx *c, const char *op, const tp_eager_a
       kb_put(k, out_types[i].dims, sizeof(int64_t) * (size_t)out_types[i].rank);
     }
   }
+  /* The old buffer of a storage that is only overwritten does not shape
+   * the program. */
   for (int s = 0; s < c->nst; s++) {
-    kb_i64(k, c->st_dt[s]);
-    kb_i64(k, c->st_numel[s]);
+    kb_i64(k, c->st_read[s] ? c->st_dt[s] : -2);
+    kb_i64(k, c->st_read[s] ? c->st_numel[s] : -2);
   }
 }
 
@@ -711,6 +715,7 @@ static tp_status *need_read(tp_plugin *p, tp_lower_ctx *c, const tp_tensor_ref *
   int s = storage_index(c, r->st);
   if (s < 0) return tp_error(TP_RESOURCE_EXHAUSTED, "too many distinct storages in one op");
   if (ref_numel(r) == 0) return NULL;
+  c->st_read[s] = 1;
   if (!tp_storage_buffer(r->st)) TP_RETURN_IF_ERROR(zero_buffer(p, r->st, r->dt));
   return NULL;
 }

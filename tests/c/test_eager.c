@@ -1,0 +1,159 @@
+/* test_eager.c - the eager engine against the real plugin: views of
+ * storages materialised inside programs, writes through views, the program
+ * cache, runtime scalars and errors.  Plugin from $TP_TEST_PLUGIN. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "ctest.h"
+#include "eager.h"
+#include "runtime.h"
+
+static tp_tensor_ref ref(tp_storage *s, int rank, const int64_t *sizes, const int64_t *strides, int64_t off) {
+  tp_tensor_ref r;
+  memset(&r, 0, sizeof r);
+  r.st = s;
+  r.dt = TP_F32;
+  r.rank = rank;
+  for (int i = 0; i < rank; i++) {
+    r.sizes[i] = sizes[i];
+    r.strides[i] = strides[i];
+  }
+  r.offset = off;
+  return r;
+}
+
+static tp_eager_arg tensor_arg(const tp_tensor_ref *r) {
+  tp_eager_arg a;
+  memset(&a, 0, sizeof a);
+  a.a.kind = TP_ARG_TENSOR;
+  a.t = r;
+  return a;
+}
+
+static tp_eager_arg scalar_arg(double v) {
+  tp_eager_arg a;
+  memset(&a, 0, sizeof a);
+  a.a.kind = TP_ARG_SCALAR;
+  a.a.sdt = TP_F64;
+  a.a.f = v;
+  a.a.wrapped = 1;
+  return a;
+}
+
+/* A 3x4 storage holding 0..11. */
+static tp_storage *iota_storage(void) {
+  tp_storage *s = tp_storage_new(0, 12 * sizeof(float));
+  float v[12];
+  for (int i = 0; i < 12; i++) v[i] = (float)i;
+  int64_t sz[2] = {3, 4}, st[2] = {4, 1};
+  tp_tensor_ref r = ref(s, 2, sz, st, 0);
+  CHECK_OK(tp_eager_write_host(&r, v));
+  return s;
+}
+
+TEST(test_add_with_views_and_scalars) {
+  tp_storage *a = iota_storage();
+  tp_storage *out = tp_storage_new(0, 12 * sizeof(float));
+  int64_t sz[2] = {4, 3}, tst[2] = {1, 4}, cst[2] = {3, 1};
+  tp_tensor_ref at = ref(a, 2, sz, tst, 0); /* a transposed */
+  tp_tensor_ref o = ref(out, 2, sz, cst, 0);
+  tp_eager_arg args[3] = {tensor_arg(&at), tensor_arg(&at), scalar_arg(10.0)};
+  CHECK_OK(tp_eager_run("aten::add.Tensor", args, 3, NULL, &o, 1));
+  float got[12];
+  CHECK_OK(tp_eager_read_host(&o, got));
+  int ok = 1;
+  for (int i = 0; i < 4; i++)
+    for (int j = 0; j < 3; j++) ok &= got[i * 3 + j] == (float)(j * 4 + i) * 11.0f;
+  CHECK(ok);
+  /* A new scalar value reuses the program. */
+  tp_eager_stats s0, s1;
+  tp_eager_get_stats(&s0);
+  args[2] = scalar_arg(-1.0);
+  CHECK_OK(tp_eager_run("aten::add.Tensor", args, 3, NULL, &o, 1));
+  tp_eager_get_stats(&s1);
+  CHECK_EQ_INT(s1.compiles, s0.compiles);
+  CHECK_EQ_INT(s1.cache_hits, s0.cache_hits + 1);
+  CHECK_OK(tp_eager_read_host(&o, got));
+  CHECK(got[1] == 0.0f); /* element (0,1) = a[1][0] * 0 */
+  tp_storage_free(a);
+  tp_storage_free(out);
+}
+
+TEST(test_write_through_strided_view) {
+  tp_storage *a = iota_storage();
+  /* a[:, ::2] (3x2, strides 4,2, offset 0) and a[1:, 1] (2, stride 4, offset 5) */
+  int64_t sz[2] = {3, 2}, st[2] = {4, 2};
+  tp_tensor_ref v = ref(a, 2, sz, st, 0);
+  tp_eager_arg args[2] = {tensor_arg(&v), scalar_arg(-1.0)};
+  CHECK_OK(tp_eager_run("aten::fill.Scalar", args, 2, NULL, &v, 1));
+  int64_t sz1[1] = {2}, st1[1] = {4};
+  tp_tensor_ref col = ref(a, 1, sz1, st1, 5);
+  tp_eager_arg args2[3] = {tensor_arg(&col), scalar_arg(100.0), scalar_arg(1.0)};
+  CHECK_OK(tp_eager_run("aten::add.Tensor", args2, 3, NULL, &col, 1));
+  float got[12];
+  int64_t fsz[2] = {3, 4}, fst[2] = {4, 1};
+  tp_tensor_ref full = ref(a, 2, fsz, fst, 0);
+  CHECK_OK(tp_eager_read_host(&full, got));
+  float want[12] = {-1, 1, -1, 3, -1, 105, -1, 7, -1, 109, -1, 11};
+  CHECK(memcmp(got, want, sizeof want) == 0);
+  /* Overlapping view (as_strided) read goes through a gather. */
+  int64_t osz[2] = {3, 3}, ost[2] = {1, 1};
+  tp_tensor_ref ov = ref(a, 2, osz, ost, 2);
+  float g2[9];
+  CHECK_OK(tp_eager_read_host(&ov, g2));
+  CHECK(g2[0] == -1 && g2[1] == 3 && g2[3] == 3 && g2[5] == 105 && g2[8] == -1);
+  tp_storage_free(a);
+}
+
+TEST(test_uninitialised_storage_reads_zero) {
+  tp_storage *s = tp_storage_new(1, 8 * sizeof(float));
+  int64_t sz[1] = {4}, st[1] = {2};
+  tp_tensor_ref v = ref(s, 1, sz, st, 1);
+  tp_eager_arg args[2] = {tensor_arg(&v), scalar_arg(2.5)};
+  CHECK_OK(tp_eager_run("aten::fill.Scalar", args, 2, NULL, &v, 1));
+  float got[8];
+  int64_t fsz[1] = {8}, fst[1] = {1};
+  tp_tensor_ref f = ref(s, 1, fsz, fst, 0);
+  CHECK_OK(tp_eager_read_host(&f, got));
+  float want[8] = {0, 2.5f, 0, 2.5f, 0, 2.5f, 0, 2.5f};
+  CHECK(memcmp(got, want, sizeof want) == 0);
+  tp_storage_free(s);
+}
+
+TEST(test_errors) {
+  tp_storage *a = iota_storage();
+  int64_t sz[2] = {3, 4}, st[2] = {4, 1};
+  tp_tensor_ref r = ref(a, 2, sz, st, 0);
+  tp_eager_arg arg = tensor_arg(&r);
+  CHECK_ERR(tp_eager_run("aten::no_such_op", &arg, 1, NULL, &r, 1), TP_UNIMPLEMENTED);
+  /* an output the operands do not broadcast to is an error, not a crash */
+  int64_t bsz[2] = {4, 3}, bst[2] = {3, 1};
+  tp_tensor_ref bad = ref(a, 2, bsz, bst, 0);
+  tp_eager_arg args[3] = {tensor_arg(&r), tensor_arg(&r), scalar_arg(1)};
+  CHECK_ERR(tp_eager_run("aten::add.Tensor", args, 3, NULL, &bad, 1), TP_INVALID_ARGUMENT);
+  /* tensors on two devices */
+  tp_storage *b = tp_storage_new(1, 12 * sizeof(float));
+  tp_tensor_ref rb = ref(b, 2, sz, st, 0);
+  tp_eager_arg mixed[3] = {tensor_arg(&r), tensor_arg(&rb), scalar_arg(1)};
+  tp_storage *o = tp_storage_new(0, 12 * sizeof(float));
+  tp_tensor_ref ro = ref(o, 2, sz, st, 0);
+  CHECK_ERR(tp_eager_run("aten::add.Tensor", mixed, 3, NULL, &ro, 1), TP_INVALID_ARGUMENT);
+  tp_storage_free(a);
+  tp_storage_free(b);
+  tp_storage_free(o);
+}
+
+int main(void) {
+  tp_runtime_config cfg = {getenv("TP_TEST_PLUGIN"), 2};
+  tp_status *st = tp_runtime_init(&cfg);
+  if (st) {
+    fprintf(stderr, "cannot open plugin: %s\n", tp_status_message(st));
+    return 1;
+  }
+  RUN(test_add_with_views_and_scalars);
+  RUN(test_write_through_strided_view);
+  RUN(test_uninitialised_storage_reads_zero);
+  RUN(test_errors);
+  tp_eager_clear_cache();
+  return ctest_finish();
+}

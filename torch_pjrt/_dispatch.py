@@ -473,7 +473,14 @@ def _is_set_to(a, b):
     )
 
 
+def _fused_sdp_choice(*args, **kwargs):
+    # scaled_dot_product_attention: use PyTorch's math implementation, which
+    # decomposes into matmul/softmax ops that we lower (SDPBackend.MATH == 0).
+    return 0
+
+
 _SPECIAL = {
+    "aten::_fused_sdp_choice": _fused_sdp_choice,
     "aten::_copy_from": _copy_from,
     "aten::_copy_from_and_resize": _copy_from_and_resize,
     "aten::_local_scalar_dense": _local_scalar_dense,

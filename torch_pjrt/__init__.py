@@ -77,3 +77,8 @@ def metrics_report() -> str:
     fb = m["cpu_fallbacks"]
     lines.append("cpu_fallbacks: " + (", ".join(f"{k}={v}" for k, v in sorted(fb.items())) or "none"))
     return "\n".join(lines)
+
+from . import _compile  # noqa: E402
+
+_compile.register()
+compile_counts = _compile.compile_counts

@@ -7,10 +7,17 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "graph.h"
 #include "lower_util.h"
 
+/* Compiled graphs run through the eager engine as one pseudo-op. */
+static const tp_lower_entry k_internal[] = {
+    {"tp::graph", tp_graph_lower},
+    {NULL, NULL},
+};
+
 static const tp_lower_entry *const k_fragments[] = {
-    tp_lower_elementwise, tp_lower_reduce, tp_lower_shape, tp_lower_nn, tp_lower_random,
+    k_internal, tp_lower_elementwise, tp_lower_view, tp_lower_reduce, tp_lower_shape, tp_lower_nn, tp_lower_random,
 };
 
 static const tp_lower_entry **g_sorted;

@@ -12,6 +12,7 @@ typedef struct tp_lower_entry {
 
 /* Each rule file exports one NULL-terminated fragment of the table. */
 extern const tp_lower_entry tp_lower_elementwise[];
+extern const tp_lower_entry tp_lower_view[];
 extern const tp_lower_entry tp_lower_reduce[];
 extern const tp_lower_entry tp_lower_shape[];
 extern const tp_lower_entry tp_lower_nn[];

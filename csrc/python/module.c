@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "eager.h"
+#include "graph.h"
 #include "runtime.h"
 
 static PyObject *raise_status(tp_status *st) {
@@ -255,6 +256,169 @@ done:
   return ret;
 }
 
+/* ---- graphs (compiled mode) ------------------------------------------------
+ * Node arguments use ('V', value_id) for tensors and ('L', [('V', id) | None])
+ * for tensor lists; numbers are ('S', dtype, value, wrapped) as in run(). */
+
+static int parse_type(PyObject *t, tp_type *out) {
+  if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) != 2) {
+    PyErr_SetString(PyExc_TypeError, "internal: types are (dtype, sizes)");
+    return -1;
+  }
+  memset(out, 0, sizeof *out);
+  out->dt = (tp_dtype)PyLong_AsLong(PyTuple_GET_ITEM(t, 0));
+  return parse_dims(PyTuple_GET_ITEM(t, 1), out->dims, &out->rank);
+}
+
+static int parse_types(PyObject *seq, tp_type **out, Py_ssize_t *n) {
+  PyObject *f = PySequence_Fast(seq, "expected a sequence of types");
+  if (!f) return -1;
+  *n = PySequence_Fast_GET_SIZE(f);
+  *out = calloc((size_t)*n + 1, sizeof(tp_type));
+  if (!*out) {
+    Py_DECREF(f);
+    PyErr_NoMemory();
+    return -1;
+  }
+  for (Py_ssize_t i = 0; i < *n; i++)
+    if (parse_type(PySequence_Fast_GET_ITEM(f, i), &(*out)[i]) < 0) {
+      Py_DECREF(f);
+      return -1;
+    }
+  Py_DECREF(f);
+  return 0;
+}
+
+static PyObject *py_graph_new(PyObject *self, PyObject *a) {
+  (void)self;
+  PyObject *types;
+  if (!PyArg_ParseTuple(a, "O", &types)) return NULL;
+  tp_type *t = NULL;
+  Py_ssize_t n = 0;
+  if (parse_types(types, &t, &n) < 0) {
+    free(t);
+    return NULL;
+  }
+  int id = 0;
+  tp_status *st = tp_graph_new((int)n, t, &id);
+  free(t);
+  if (st) return raise_status(st);
+  return PyLong_FromLong(id);
+}
+
+static PyObject *py_graph_add(PyObject *self, PyObject *a) {
+  (void)self;
+  int id;
+  const char *op;
+  PyObject *args, *types;
+  if (!PyArg_ParseTuple(a, "isO!O", &id, &op, &PyTuple_Type, &args, &types)) return NULL;
+  Py_ssize_t nargs = PyTuple_GET_SIZE(args), nouts = 0;
+  tp_arg *la = calloc((size_t)nargs + 1, sizeof(tp_arg));
+  int64_t **lists = calloc((size_t)nargs + 1, sizeof(int64_t *));
+  tp_type *ot = NULL;
+  PyObject *ret = NULL;
+  if (!la || !lists) {
+    PyErr_NoMemory();
+    goto done;
+  }
+  for (Py_ssize_t i = 0; i < nargs; i++) {
+    PyObject *o = PyTuple_GET_ITEM(args, i);
+    tp_arg *x = &la[i];
+    if (PyTuple_Check(o) && PyTuple_GET_SIZE(o) >= 2 && PyUnicode_Check(PyTuple_GET_ITEM(o, 0))) {
+      const char *tag = PyUnicode_AsUTF8(PyTuple_GET_ITEM(o, 0));
+      if (tag[0] == 'V') {
+        x->kind = TP_ARG_TENSOR;
+        x->i = PyLong_AsLongLong(PyTuple_GET_ITEM(o, 1));
+        continue;
+      }
+      if (tag[0] == 'L') {
+        PyObject *f = PySequence_Fast(PyTuple_GET_ITEM(o, 1), "expected a list");
+        if (!f) goto done;
+        Py_ssize_t n = PySequence_Fast_GET_SIZE(f);
+        lists[i] = calloc((size_t)n + 1, sizeof(int64_t));
+        if (!lists[i]) {
+          Py_DECREF(f);
+          PyErr_NoMemory();
+          goto done;
+        }
+        for (Py_ssize_t j = 0; j < n; j++) {
+          PyObject *it = PySequence_Fast_GET_ITEM(f, j);
+          lists[i][j] = it == Py_None ? -1 : PyLong_AsLongLong(PyTuple_GET_ITEM(it, 1));
+        }
+        Py_DECREF(f);
+        x->kind = TP_ARG_TENSORS;
+        x->n = (int)n;
+        x->ints = lists[i];
+        continue;
+      }
+    }
+    /* Everything else parses as in run(); tensors are not allowed here. */
+    tp_eager_arg ea;
+    call_mem m = {0};
+    int64_t ints[64];
+    m.ints = ints;
+    if ((PyList_Check(o) || PyTuple_Check(o)) && PySequence_Size(o) > 64) {
+      PyErr_SetString(PyExc_ValueError, "int list argument too long");
+      goto done;
+    }
+    if (parse_arg(o, &ea, &m) < 0) goto done;
+    *x = ea.a;
+    if (x->kind == TP_ARG_INTS) {
+      lists[i] = calloc((size_t)x->n + 1, sizeof(int64_t));
+      if (!lists[i]) {
+        PyErr_NoMemory();
+        goto done;
+      }
+      memcpy(lists[i], ints, sizeof(int64_t) * (size_t)x->n);
+      x->ints = lists[i];
+    }
+  }
+  if (parse_types(types, &ot, &nouts) < 0) goto done;
+  int first = 0;
+  tp_status *st = tp_graph_add(id, op, la, (int)nargs, ot, (int)nouts, &first);
+  if (st) {
+    raise_status(st);
+    goto done;
+  }
+  ret = PyLong_FromLong(first);
+done:
+  if (lists)
+    for (Py_ssize_t i = 0; i < nargs; i++) free(lists[i]);
+  free(lists);
+  free(la);
+  free(ot);
+  return ret;
+}
+
+static PyObject *py_graph_outputs(PyObject *self, PyObject *a) {
+  (void)self;
+  int id;
+  PyObject *vals;
+  if (!PyArg_ParseTuple(a, "iO", &id, &vals)) return NULL;
+  PyObject *f = PySequence_Fast(vals, "expected a list of value ids");
+  if (!f) return NULL;
+  Py_ssize_t n = PySequence_Fast_GET_SIZE(f);
+  int *v = calloc((size_t)n + 1, sizeof(int));
+  if (!v) {
+    Py_DECREF(f);
+    return PyErr_NoMemory();
+  }
+  for (Py_ssize_t i = 0; i < n; i++) v[i] = (int)PyLong_AsLong(PySequence_Fast_GET_ITEM(f, i));
+  Py_DECREF(f);
+  tp_status *st = tp_graph_set_outputs(id, v, (int)n);
+  free(v);
+  if (st) return raise_status(st);
+  Py_RETURN_NONE;
+}
+
+static PyObject *py_graph_free(PyObject *self, PyObject *a) {
+  (void)self;
+  int id;
+  if (!PyArg_ParseTuple(a, "i", &id)) return NULL;
+  tp_graph_free(id);
+  Py_RETURN_NONE;
+}
+
 static PyObject *py_has_lowering(PyObject *self, PyObject *arg) {
   (void)self;
   const char *name = PyUnicode_AsUTF8(arg);
@@ -434,6 +598,10 @@ static PyMethodDef methods[] = {
     {"info", py_info, METH_NOARGS, "plugin facts: path, platform, versions, device kind"},
     {"device_count", py_device_count, METH_NOARGS, "number of devices (0 before init)"},
     {"run", py_run, METH_VARARGS, "run(op, args, out_types, outs): run one op"},
+    {"graph_new", py_graph_new, METH_VARARGS, "graph_new(input_types) -> id"},
+    {"graph_add", py_graph_add, METH_VARARGS, "graph_add(id, op, args, out_types) -> first output value id"},
+    {"graph_outputs", py_graph_outputs, METH_VARARGS, "graph_outputs(id, value_ids)"},
+    {"graph_free", py_graph_free, METH_VARARGS, "graph_free(id)"},
     {"has_lowering", py_has_lowering, METH_O, "has_lowering(name) -> bool"},
     {"lowering_names", py_lowering_names, METH_NOARGS, "all op names with a lowering rule"},
     {"write_host", py_write_host, METH_VARARGS, "write_host(ref, ptr): copy dense host data into a view"},

@@ -1,0 +1,287 @@
+"""torch.compile(model, backend="tpu"): whole graphs as one StableHLO program.
+
+Dynamo captures the Python code, AOTAutograd produces forward and backward
+graphs of ATen ops (functionalized; decomposed to the ops we lower), and each
+graph becomes one program built node by node with the same C lowering rules as
+eager mode ("tp::graph" in the C core).  A graph with an op we cannot lower
+runs eagerly instead (with a warning naming the op), so compiling never makes
+a model stop working.
+"""
+import operator
+import threading
+import warnings
+
+import torch
+from torch._dynamo.backends.common import aot_autograd
+
+from . import _C
+from ._dispatch import _NUMBER_TYPES, _qualname, _ref
+from ._dtypes import CODE
+
+# Recompilation tracking ----------------------------------------------------
+
+RECOMPILE_WARN_AFTER = 4  # warn when a function has compiled more often than this
+_lock = threading.Lock()
+_compiles = {}  # frame name -> number of graphs compiled for it
+_last_inputs = {}  # frame name -> [(name, shape, dtype)]
+
+
+def compile_counts():
+    """{function: number of times torch.compile(backend="tpu") compiled it}."""
+    with _lock:
+        return dict(_compiles)
+
+
+def _frame_name(gm):
+    code = getattr(gm, "_tp_frame", None)
+    if code:
+        return code
+    try:
+        from torch._guards import CompileContext
+
+        cid = CompileContext.current_compile_id()
+        if cid is not None:
+            return f"frame {cid.frame_id}"
+    except Exception:
+        pass
+    return "<unknown>"
+
+
+def _note_compile(name, inputs):
+    sig = [(n, tuple(t.shape), t.dtype) for n, t in inputs if isinstance(t, torch.Tensor)]
+    with _lock:
+        count = _compiles.get(name, 0) + 1
+        _compiles[name] = count
+        prev = _last_inputs.get(name)
+        _last_inputs[name] = sig
+    if count > RECOMPILE_WARN_AFTER and prev is not None:
+        changed = [f"{n}: {tuple(s0)}/{d0} -> {tuple(s1)}/{d1}" for (n, s0, d0), (_, s1, d1) in zip(prev, sig)
+                   if s0 != s1 or d0 != d1]
+        what = "; ".join(changed) if changed else "guards other than input shapes or dtypes"
+        warnings.warn(
+            f"torch-pjrt: {name} was compiled {count} times (recompiled because of {what}). "
+            f"Pad variable-length inputs to a few sizes with torch_pjrt.bucket() to avoid recompiles.",
+            stacklevel=2,
+        )
+
+
+# Graph lowering ------------------------------------------------------------
+
+
+class Unsupported(Exception):
+    pass
+
+
+def _type(val):
+    if not isinstance(val, torch.Tensor):
+        raise Unsupported(f"non-tensor value {type(val).__name__}")
+    if val.dtype not in CODE:
+        raise Unsupported(f"dtype {val.dtype}")
+    shape = []
+    for s in val.shape:
+        if not isinstance(s, int):
+            raise Unsupported("dynamic shapes")
+        shape.append(s)
+    return (CODE[val.dtype], tuple(shape))
+
+
+class GraphProgram:
+    """One FX graph of ATen ops, lowered to one program."""
+
+    def __init__(self, gm, example_inputs):
+        self.gm = gm
+        graph = gm.graph
+        placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+        self.ninputs = len(placeholders)
+        values = {}  # fx node -> value id, or tuple of ids for multi-output nodes
+        types = []
+        for i, n in enumerate(placeholders):
+            val = n.meta.get("val", example_inputs[i] if i < len(example_inputs) else None)
+            types.append(_type(val))
+            values[n] = i
+        # Constant tensors (get_attr) become extra inputs.
+        self.consts = []
+        for n in graph.nodes:
+            if n.op == "get_attr":
+                t = getattr(gm, n.target)
+                if not isinstance(t, torch.Tensor):
+                    raise Unsupported(f"attribute {n.target}")
+                values[n] = len(types)
+                types.append(_type(t))
+                self.consts.append(t)
+        self.gid = _C.graph_new(types)
+        self.outputs = []  # per graph output: ("v", k) k-th program output | ("in", i) | ("none",)
+        self.out_specs = []
+        try:
+            for n in graph.nodes:
+                if n.op == "call_function":
+                    self._add(n, values)
+                elif n.op == "output":
+                    self._set_outputs(n, values)
+        except Exception:
+            _C.graph_free(self.gid)
+            raise
+
+    def __del__(self):
+        try:
+            _C.graph_free(self.gid)
+        except Exception:
+            pass
+
+    def _arg(self, v, values, number_is_scalar):
+        if isinstance(v, torch.fx.Node):
+            vid = values.get(v)
+            if not isinstance(vid, int):
+                raise Unsupported(f"argument {v.name} is not a tensor value")
+            return ("V", vid)
+        if number_is_scalar and isinstance(v, (bool, int, float)):
+            code = 11 if isinstance(v, bool) else 4 if isinstance(v, int) else 7
+            return ("S", code, v, True)
+        if isinstance(v, (list, tuple)):
+            if any(isinstance(x, torch.fx.Node) for x in v):
+                return ("L", [None if x is None else self._arg(x, values, False) for x in v])
+            if all(isinstance(x, (int, bool)) for x in v):
+                return [int(x) for x in v]
+            return None
+        if isinstance(v, torch.dtype):
+            return CODE.get(v)
+        if isinstance(v, (bool, int, float, str)) or v is None:
+            return v
+        return None  # device, layout, memory_format
+
+    def _add(self, n, values):
+        if n.target is operator.getitem:
+            src, idx = n.args
+            ids = values.get(src)
+            if not isinstance(ids, tuple):
+                raise Unsupported(f"getitem on {src.name}")
+            values[n] = ids[idx]
+            return
+        if not isinstance(n.target, torch._ops.OpOverload):
+            raise Unsupported(f"call to {n.target}")
+        name = _qualname(n.target)
+        if not _C.has_lowering(name):
+            raise Unsupported(name)
+        schema = n.target._schema.arguments
+        vals = []
+        for i, a in enumerate(schema):
+            if i < len(n.args) and not a.kwarg_only:
+                v = n.args[i]
+            elif a.name in n.kwargs:
+                v = n.kwargs[a.name]
+            elif a.has_default_value():
+                v = a.default_value
+            else:
+                v = None
+            vals.append(self._arg(v, values, str(a.type) in _NUMBER_TYPES))
+        val = n.meta.get("val")
+        multi = isinstance(val, (tuple, list))
+        outs = list(val) if multi else [val]
+        defined = [o for o in outs if o is not None]
+        first = _C.graph_add(self.gid, name, tuple(vals), [_type(o) for o in defined])
+        ids, k = [], 0
+        for o in outs:
+            if o is None:
+                ids.append(None)
+            else:
+                ids.append(first + k)
+                k += 1
+        values[n] = tuple(ids) if multi else ids[0]
+
+    def _set_outputs(self, n, values):
+        prog = []
+        for o in n.args[0]:
+            if o is None:
+                self.outputs.append(("none",))
+                continue
+            vid = values.get(o)
+            if not isinstance(vid, int):
+                raise Unsupported(f"graph output {o}")
+            if vid < self.ninputs:  # an input returned as it is
+                self.outputs.append(("in", vid))
+                continue
+            val = o.meta["val"]
+            self.outputs.append(("v", len(prog)))
+            prog.append(vid)
+            self.out_specs.append((tuple(val.shape), tuple(val.stride()), val.dtype))
+        _C.graph_outputs(self.gid, prog)
+
+    def __call__(self, *args):
+        inputs = list(args) + self.consts
+        device = 0
+        for t in inputs:
+            if isinstance(t, torch.Tensor) and t.device.type == "tpu":
+                device = t.device.index
+                break
+        dev = torch.device("tpu", device)
+        refs = []
+        for t in inputs:
+            if not isinstance(t, torch.Tensor):
+                raise RuntimeError(f"torch-pjrt compiled graph got a non-tensor input {type(t).__name__}")
+            if t.device != dev:
+                t = t.to(dev)
+            refs.append(_ref(t))
+        outs = [torch.empty_strided(s, st, dtype=dt, device=dev) for s, st, dt in self.out_specs]
+        if outs:
+            _C.run("tp::graph", (self.gid, *refs), None, tuple(_ref(o) for o in outs))
+        result = []
+        for kind in self.outputs:
+            if kind[0] == "v":
+                result.append(outs[kind[1]])
+            elif kind[0] == "in":
+                result.append(args[kind[1]])
+            else:
+                result.append(None)
+        return result
+
+
+_warned = set()
+
+
+def _compile_graph(gm, example_inputs):
+    try:
+        prog = GraphProgram(gm, example_inputs)
+    except Unsupported as e:
+        key = str(e)
+        if key not in _warned:
+            _warned.add(key)
+            warnings.warn(f"torch-pjrt: running a graph eagerly (op by op) because it contains {e}, "
+                          f"which compiled mode cannot lower yet.", stacklevel=2)
+        from functorch.compile import make_boxed_func
+
+        return make_boxed_func(gm.forward)
+
+    def run(args):  # boxed calling convention: AOTAutograd passes one list
+        inputs = list(args)
+        args.clear()  # let inputs be freed as soon as possible
+        return prog(*inputs)
+
+    run._boxed_call = True
+    run._tp_program = prog
+    return run
+
+
+def _decompositions():
+    from torch._decomp import core_aten_decompositions
+
+    table = core_aten_decompositions()
+    return {op: fn for op, fn in table.items() if not _C.has_lowering(_qualname(op))}
+
+
+def tpu_backend(gm, example_inputs, **kwargs):
+    """The Dynamo backend registered as "tpu"."""
+    name = _frame_name(gm)
+    names = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
+    _note_compile(name, list(zip(names, example_inputs)))
+    backend = aot_autograd(fw_compiler=_compile_graph, bw_compiler=_compile_graph,
+                           decompositions=_decompositions(), keep_inference_input_mutations=False)
+    return backend(gm, example_inputs, **kwargs)
+
+
+def register():
+    from torch._dynamo import register_backend
+
+    try:
+        register_backend(name="tpu")(tpu_backend)
+    except Exception:
+        pass  # already registered

@@ -116,9 +116,21 @@ tp_dtype lw_dtype(tp_emit *e, const tp_node *n, int i) {
   return TP_DTYPE_INVALID;
 }
 
+/* Copies may drop the imaginary part (PyTorch warns and does); any other op
+ * given a complex input it would compute in a real dtype must refuse. */
+static int is_copy_op(const char *op) {
+  return !strcmp(op, "tp::copy") || !strcmp(op, "aten::copy") || !strcmp(op, "aten::_to_copy") ||
+         !strcmp(op, "aten::clone");
+}
+
 tp_val lw_tensor(tp_emit *e, const tp_node *n, int i, tp_dtype dt) {
   const tp_arg *a = lw_arg(n, i);
-  if (a->kind == TP_ARG_TENSOR) return em_convert(e, a->v, dt);
+  if (a->kind == TP_ARG_TENSOR) {
+    tp_dtype from = em_type(e, a->v)->dt;
+    if (tp_dtype_is_complex(from) && !tp_dtype_is_complex(dt) && !is_copy_op(n->op))
+      return em_fail(e, TP_UNIMPLEMENTED, "%s: complex inputs are not supported on tpu yet", n->op);
+    return em_convert(e, a->v, dt);
+  }
   if (a->kind == TP_ARG_SCALAR) return n->scalar(e, n, i, dt);
   return em_fail(e, TP_INTERNAL, "%s: argument %d is not a tensor", n->op, i);
 }

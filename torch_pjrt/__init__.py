@@ -82,3 +82,4 @@ from . import _compile  # noqa: E402
 
 _compile.register()
 compile_counts = _compile.compile_counts
+from .bucket import bucket  # noqa: E402,F401

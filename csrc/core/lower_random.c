@@ -4,14 +4,16 @@
  *
  * Bits.  Every op asks the engine for one key per call (n->rng_key: a
  * tensor<2xui64> parameter holding (device seed, counter), where the
- * counter advances by the number of output elements per call).  Element i
- * of a call gets the 64 bits Threefry-2x32-20(key = seed, counter =
- * counter + i) -- the counter-based generator of Salmon et al. (Random123),
- * the same function JAX and XLA's THREE_FRY use.  Consecutive calls use
- * disjoint counter ranges, so they give independent numbers, and the same
- * seed gives the same numbers.  Ops that need more than 64 bits per element
- * (float64 normals) draw a second word pair from a second key (the seed's
- * high word xor a constant).
+ * counter advances at every call).  Threefry-2x32-20 -- the counter-based
+ * generator of Salmon et al. (Random123), the function JAX and XLA's
+ * THREE_FRY use -- first hashes the pair into this call's key,
+ *   K = Threefry(key = seed, counter = engine counter),
+ * and element i of the call then gets the 64 bits Threefry(key = K,
+ * counter = i).  So the same seed gives the same numbers, and calls with
+ * different engine counters get independent streams whatever the counter's
+ * step.  Ops that need more than 64 bits per element (float64 normals,
+ * multinomial) draw further word pairs from keys with K's high word xor a
+ * multiple of 0x9E3779B9.
  *
  * The generator is written as plain u32 StableHLO arithmetic rather than
  * stablehlo.rng_bit_generator: that op has two results, which the public
@@ -25,6 +27,7 @@
  * always used. */
 #include <math.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "lower_util.h"
@@ -67,19 +70,24 @@ static tp_val join64(tp_emit *e, tp_val hi, tp_val lo) {
 /* ---- Threefry-2x32 ------------------------------------------------------- */
 
 typedef struct rng {
-  tp_val k0, k1; /* rank-0 u32: seed low / high word */
-  tp_val off;    /* rank-0 u64: counter of element 0 */
+  tp_val k0, k1; /* rank-0 u32: this call's key (seed and counter hashed) */
 } rng;
 
+static void threefry(tp_emit *e, tp_val ctr, tp_val k0, tp_val k1, tp_val *w0, tp_val *w1);
+
+/* This call's key: Threefry(key = seed, counter = engine counter).  Hashing
+ * the engine's counter into the key (rather than using it as the base of
+ * the element counters) keeps calls independent however far the engine
+ * advances the counter per call (compiled graphs advance it by the graph's
+ * output size, which can be smaller than what one RNG node draws). */
 static rng rng_open(tp_emit *e, const tp_node *n) {
-  rng r = {-1, -1, -1};
+  rng r = {-1, -1};
   tp_val key = n->rng_key(e, n);
   if (key < 0 || em_failed(e)) return r;
   int64_t s0 = 0, l0 = 1, s1 = 1, l1 = 2, st = 1;
   tp_val seed = em_reshape(e, em_slice(e, key, &s0, &l0, &st), 0, NULL);
-  r.off = em_reshape(e, em_slice(e, key, &s1, &l1, &st), 0, NULL);
-  r.k0 = lo32(e, seed);
-  r.k1 = hi32(e, seed);
+  tp_val ctr = em_reshape(e, em_slice(e, key, &s1, &l1, &st), 0, NULL);
+  threefry(e, ctr, lo32(e, seed), hi32(e, seed), &r.k0, &r.k1);
   return r;
 }
 
@@ -90,23 +98,16 @@ static tp_val rotl(tp_emit *e, tp_val x, int k) {
 
 /* Two u32 words for each of `count` elements (flat, tensor<count x ui32>):
  *   key   = (k0, k1 ^ stream * 0x9E3779B9)
- *   ctr_i = off + i (u64) split as (low word, high word)
+ *   ctr_i = i (u64) split as (low word, high word)
  *   (w0, w1) = Threefry-2x32 with 20 rounds (Random123's threefry2x32_20):
  *     ks2 = 0x1BD11BDA ^ ks0 ^ ks1; x0 = c0 + ks0; x1 = c1 + ks1;
  *     round r: x0 += x1; x1 = rotl(x1, R[r % 8]) ^ x0,
  *       R = {13, 15, 26, 6, 17, 29, 16, 24};
  *     after rounds 4j (j = 1..5): x0 += ks[j % 3]; x1 += ks[(j + 1) % 3] + j. */
-static void tf_words(tp_emit *e, const rng *r, int64_t count, uint32_t stream, tp_val *w0, tp_val *w1) {
+static void threefry(tp_emit *e, tp_val ctr, tp_val k0, tp_val k1, tp_val *w0, tp_val *w1) {
   static const int R[8] = {13, 15, 26, 6, 17, 29, 16, 24};
-  *w0 = *w1 = -1;
-  if (em_failed(e)) return;
-  tp_type t64 = tp_type_make(TP_U64, 1, &count);
-  tp_val ctr = add(e, em_iota(e, &t64, 0), r->off);
   tp_val x0 = lo32(e, ctr), x1 = hi32(e, ctr);
-  tp_val ks[3];
-  ks[0] = r->k0;
-  ks[1] = stream ? em_binary(e, "stablehlo.xor", r->k1, cu(e, (uint32_t)(stream * 0x9E3779B9u), TP_U32)) : r->k1;
-  ks[2] = em_binary(e, "stablehlo.xor", em_binary(e, "stablehlo.xor", ks[0], ks[1]), cu(e, 0x1BD11BDAu, TP_U32));
+  tp_val ks[3] = {k0, k1, bin(e, "stablehlo.xor", bin(e, "stablehlo.xor", k0, k1), cu(e, 0x1BD11BDAu, TP_U32))};
   x0 = add(e, x0, ks[0]);
   x1 = add(e, x1, ks[1]);
   for (int rd = 0; rd < 20; rd++) {
@@ -115,11 +116,49 @@ static void tf_words(tp_emit *e, const rng *r, int64_t count, uint32_t stream, t
     if (rd % 4 == 3) {
       int j = rd / 4 + 1;
       x0 = add(e, x0, ks[j % 3]);
-      x1 = add(e, x1, em_binary(e, "stablehlo.add", ks[(j + 1) % 3], cu(e, (uint64_t)j, TP_U32)));
+      x1 = add(e, x1, bin(e, "stablehlo.add", ks[(j + 1) % 3], cu(e, (uint64_t)j, TP_U32)));
     }
   }
   *w0 = x0;
   *w1 = x1;
+}
+
+static tp_val stream_key(tp_emit *e, const rng *r, uint32_t stream) {
+  return stream ? em_binary(e, "stablehlo.xor", r->k1, cu(e, (uint32_t)(stream * 0x9E3779B9u), TP_U32)) : r->k1;
+}
+
+static void tf_words(tp_emit *e, const rng *r, int64_t count, uint32_t stream, tp_val *w0, tp_val *w1) {
+  *w0 = *w1 = -1;
+  if (em_failed(e)) return;
+  tp_type t64 = tp_type_make(TP_U64, 1, &count);
+  threefry(e, em_iota(e, &t64, 0), r->k0, stream_key(e, r, stream), w0, w1);
+}
+
+/* Words for a shape `t` (any rank) whose elements share counters along
+ * dimension `sdim`: element (..., j, ...) uses counter = its linear index
+ * with dimension sdim removed, and key word k1 ^ ((j + 1) * 0x9E3779B9)
+ * (distinct from every stream key of tf_words but stream 1, which this call
+ * does not also use). */
+static void tf_words_streams(tp_emit *e, const rng *r, const tp_type *t, int sdim, tp_val *w0, tp_val *w1) {
+  *w0 = *w1 = -1;
+  if (em_failed(e)) return;
+  tp_type c = *t, rt = tp_type_make(TP_U64, 0, NULL);
+  c.dt = TP_U64;
+  int64_t map[TP_MAX_RANK];
+  for (int i = 0; i < t->rank; i++)
+    if (i != sdim) {
+      map[rt.rank] = i;
+      rt.dims[rt.rank++] = t->dims[i];
+    }
+  int64_t cnt = tp_type_numel(&rt);
+  tp_type flat = tp_type_make(TP_U64, 1, &cnt);
+  tp_val lin = em_reshape(e, em_iota(e, &flat, 0), rt.rank, rt.dims);
+  tp_val ctr = em_bcast_in_dim(e, lin, &c, map);
+  tp_type jt = *t;
+  jt.dt = TP_U32;
+  tp_val j = bin_ku(e, "stablehlo.add", em_iota(e, &jt, sdim), 1);
+  tp_val k1 = bin(e, "stablehlo.xor", r->k1, bin_ku(e, "stablehlo.multiply", j, 0x9E3779B9u));
+  threefry(e, ctr, r->k0, k1, w0, w1);
 }
 
 /* ---- bits -> numbers ------------------------------------------------------- */
@@ -230,9 +269,8 @@ static double below(double x, tp_dtype dt) {
 
 /* uniform(self, from, to): from + u * (to - from), u in [0, 1); rounding can
  * reach `to`, so the result is clamped to the largest value below `to`. */
-static void r_uniform(tp_emit *e, const tp_node *n, tp_val *o) {
+static void uniform_core(tp_emit *e, const tp_node *n, tp_val *o, double from, double to) {
   if (!out_is_float(e, n, "uniform_")) return;
-  double from = lw_float(n, 1, 0.0), to = lw_float(n, 2, 1.0);
   if (!(from <= to))
     return (void)em_fail(e, TP_INVALID_ARGUMENT, "uniform_ expects to return a [from, to) range, but found from=%g > to=%g",
                          from, to);
@@ -244,6 +282,12 @@ static void r_uniform(tp_emit *e, const tp_node *n, tp_val *o) {
   if (from < to && isfinite(to)) v = bin_k(e, "stablehlo.minimum", v, below(to, dt));
   o[0] = shape_out(e, n, 0, v);
 }
+static void r_uniform(tp_emit *e, const tp_node *n, tp_val *o) {
+  uniform_core(e, n, o, lw_float(n, 1, 0.0), lw_float(n, 2, 1.0));
+}
+/* rand(size, ...), rand_like(self, ...) and their .generator overloads
+ * (graphs from torch.compile; eager mode reaches uniform_ instead). */
+static void r_rand(tp_emit *e, const tp_node *n, tp_val *o) { uniform_core(e, n, o, 0.0, 1.0); }
 
 /* ---- normal ---------------------------------------------------------------- */
 
@@ -253,16 +297,24 @@ static int check_std(tp_emit *e, double std, const char *op) {
   return 0;
 }
 
-/* normal_(self, mean, std) / normal_functional / normal.out */
-static void r_normal_(tp_emit *e, const tp_node *n, tp_val *o) {
+static void normal_core(tp_emit *e, const tp_node *n, tp_val *o, double mean, double std) {
   if (!out_is_float(e, n, "normal_")) return;
-  double mean = lw_float(n, 1, 0.0), std = lw_float(n, 2, 1.0);
   if (!check_std(e, std, "normal")) return;
   tp_dtype dt = OUT0->dt, ct = lw_opmath(dt);
   rng r = rng_open(e, n);
   tp_val z = normal01(e, &r, out_numel(n, 0), ct);
   tp_val v = bin_k(e, "stablehlo.add", bin_k(e, "stablehlo.multiply", z, std), mean);
   o[0] = shape_out(e, n, 0, em_convert(e, v, dt));
+}
+/* normal_(self, mean, std) / normal_functional / normal.out */
+static void r_normal_(tp_emit *e, const tp_node *n, tp_val *o) {
+  normal_core(e, n, o, lw_float(n, 1, 0.0), lw_float(n, 2, 1.0));
+}
+/* randn(size, ...), randn_like(self, ...) (graphs) */
+static void r_randn(tp_emit *e, const tp_node *n, tp_val *o) { normal_core(e, n, o, 0.0, 1.0); }
+/* normal.float_float(mean, std, size, ...) (graphs) */
+static void r_normal_ff(tp_emit *e, const tp_node *n, tp_val *o) {
+  normal_core(e, n, o, lw_float(n, 0, 0.0), lw_float(n, 1, 1.0));
 }
 
 /* normal.Tensor_float / float_Tensor / Tensor_Tensor: mean + std * z with
@@ -403,6 +455,32 @@ static void random_range(tp_emit *e, const tp_node *n, tp_val *o, int64_t from, 
   o[0] = shape_out(e, n, 0, em_convert(e, v, dt));
 }
 
+static int64_t lowest_of(tp_dtype dt) {
+  switch (dt) {
+    case TP_I8: return -128;
+    case TP_I16: return -32768;
+    case TP_I32: return INT32_MIN;
+    case TP_I64: return INT64_MIN;
+    default: return 0;
+  }
+}
+
+/* PyTorch's check_from_to_in_range for integral and bool dtypes (floats only
+ * warn there). `to_inc` is the largest value asked for. */
+static int check_int_range(tp_emit *e, tp_dtype dt, int64_t from, int64_t to_inc, int has_to) {
+  if (tp_dtype_is_float(dt)) return 1;
+  int uns = dt == TP_BOOL || tp_dtype_is_unsigned(dt);
+  if (from < lowest_of(dt) || (!uns && from > (int64_t)max_of(dt)) || (uns && from > 0 && (uint64_t)from > max_of(dt))) {
+    em_fail(e, TP_INVALID_ARGUMENT, "random_: from is out of bounds for %s", tp_dtype_name(dt));
+    return 0;
+  }
+  if (has_to && (to_inc < lowest_of(dt) || (to_inc > 0 && (uint64_t)to_inc > max_of(dt)))) {
+    em_fail(e, TP_INVALID_ARGUMENT, "random_: to - 1 is out of bounds for %s", tp_dtype_name(dt));
+    return 0;
+  }
+  return 1;
+}
+
 /* random.from(self, from, to?) */
 static void r_random_from(tp_emit *e, const tp_node *n, tp_val *o) {
   int64_t from = lw_int(n, 1, 0);
@@ -412,17 +490,23 @@ static void r_random_from(tp_emit *e, const tp_node *n, tp_val *o) {
     if (!(from < to))
       return (void)em_fail(e, TP_INVALID_ARGUMENT, "random_ expects 'from' to be less than 'to', but got from=%lld >= to=%lld",
                            (long long)from, (long long)to);
+    if (!check_int_range(e, dt, from, to - 1, 1)) return;
     random_range(e, n, o, from, (uint64_t)to - (uint64_t)from);
     return;
   }
   if (from == INT64_MIN) { /* [lowest, max]: the full 64-bit range */
+    if (dt != TP_I64 && dt != TP_F64 && dt != TP_F32 && dt != TP_BF16)
+      return (void)em_fail(e, TP_INVALID_ARGUMENT,
+                           "random_: the full 64-bit range handles only int64, double, float and bfloat16, not %s",
+                           tp_dtype_name(dt));
     random_range(e, n, o, 0, 0);
     return;
   }
+  if (!check_int_range(e, dt, from, 0, 0)) return;
   uint64_t top = max_of(dt);
-  if (dt != TP_U64 && from > 0 && (uint64_t)from > top)
-    return (void)em_fail(e, TP_INVALID_ARGUMENT, "random_ expects 'from' casted to dtype to be less than or equal to 'to', "
-                         "but got from=%lld > to=%llu", (long long)from, (unsigned long long)top);
+  if (from > 0 && (uint64_t)from > top)
+    return (void)em_fail(e, TP_INVALID_ARGUMENT, "random_ expects 'from' casted to dtype to be less than or equal to 'to_inc' "
+                         "casted to dtype, but got from=%lld > to_inc=%llu", (long long)from, (unsigned long long)top);
   uint64_t range = top - (uint64_t)from + 1; /* wraps to 0 (= 2^64) for the full range */
   random_range(e, n, o, from, range);
 }
@@ -433,6 +517,7 @@ static void r_random_to(tp_emit *e, const tp_node *n, tp_val *o) {
   if (!(to > 0))
     return (void)em_fail(e, TP_INVALID_ARGUMENT, "random_ expects 'from' to be less than 'to', but got from=0 >= to=%lld",
                          (long long)to);
+  if (!check_int_range(e, OUT0->dt, 0, to - 1, 1)) return;
   random_range(e, n, o, 0, (uint64_t)to);
 }
 
@@ -441,6 +526,25 @@ static void r_random(tp_emit *e, const tp_node *n, tp_val *o) {
   tp_dtype dt = OUT0->dt;
   uint64_t range = max_of(dt) + 1; /* u64: 2^64 wraps to 0 = all bits */
   random_range(e, n, o, 0, range);
+}
+
+/* randint(high, size) / randint.low(low, high, size) and
+ * randint_like(self, high) / randint_like.low_dtype(self, low, high) with
+ * their .generator overloads (graphs; eager mode reaches random_.from). */
+static void randint_core(tp_emit *e, const tp_node *n, tp_val *o, int64_t low, int64_t high) {
+  if (!(low < high))
+    return (void)em_fail(e, TP_INVALID_ARGUMENT, "random_ expects 'from' to be less than 'to', but got from=%lld >= to=%lld",
+                         (long long)low, (long long)high);
+  if (!check_int_range(e, OUT0->dt, low, high - 1, 1)) return;
+  random_range(e, n, o, low, (uint64_t)high - (uint64_t)low);
+}
+static void r_randint(tp_emit *e, const tp_node *n, tp_val *o) { randint_core(e, n, o, 0, lw_int(n, 0, 0)); }
+static void r_randint_low(tp_emit *e, const tp_node *n, tp_val *o) {
+  randint_core(e, n, o, lw_int(n, 0, 0), lw_int(n, 1, 0));
+}
+static void r_randint_like(tp_emit *e, const tp_node *n, tp_val *o) { randint_core(e, n, o, 0, lw_int(n, 1, 0)); }
+static void r_randint_like_low(tp_emit *e, const tp_node *n, tp_val *o) {
+  randint_core(e, n, o, lw_int(n, 1, 0), lw_int(n, 2, 0));
 }
 
 /* ---- bernoulli ------------------------------------------------------------- */
@@ -526,8 +630,160 @@ static void r_native_dropout_backward(tp_emit *e, const tp_node *n, tp_val *o) {
   o[0] = em_convert(e, bin_k(e, "stablehlo.multiply", mul(e, g, m), scale), dt);
 }
 
+/* ---- sorting (randperm, multinomial) -------------------------------------- */
+
+/* Sort a u64 tensor along `dim` (unsigned order, ascending or descending).
+ * emit.h has no op-with-region helper for sort (see lower_reduce.c, which
+ * does the same), so the op is written through em_op's op-name text: em_op
+ * prints `%vV = "NAME"(%vX) : (T) -> T`, and NAME here is
+ *   stablehlo.sort"(%vX) ({comparator}) {...} : (T) -> T
+ *   %rsKd = "stablehlo.reshape
+ * so %vV is bound to the sort's (single) result and the trailing reshape of
+ * %vX is dead.  Keys must be distinct (they are: they embed an index), so
+ * stability does not matter. */
+static unsigned g_rsort_seq;
+
+static tp_val sort_u64(tp_emit *e, tp_val x, int dim, int descending) {
+  if (em_failed(e)) return -1;
+  tp_type xt = *em_type(e, x);
+  if (xt.dt != TP_U64) return em_fail(e, TP_INTERNAL, "sort_u64 on a non-u64 value");
+  unsigned k = __atomic_fetch_add(&g_rsort_seq, 1, __ATOMIC_RELAXED);
+  char tx[256], name[2048];
+  tp_type_str(&xt, tx, sizeof tx);
+  int len = snprintf(name, sizeof name,
+                     "stablehlo.sort\"(%%v%d) ({\n"
+                     "    ^bb0(%%rs%ua: tensor<ui64>, %%rs%ub: tensor<ui64>):\n"
+                     "      %%rs%uc = \"stablehlo.compare\"(%%rs%ua, %%rs%ub) {comparison_direction = "
+                     "#stablehlo<comparison_direction %s>, compare_type = #stablehlo<comparison_type UNSIGNED>} : "
+                     "(tensor<ui64>, tensor<ui64>) -> tensor<i1>\n"
+                     "      \"stablehlo.return\"(%%rs%uc) : (tensor<i1>) -> ()\n"
+                     "    }) {dimension = %d : i64, is_stable = false} : (%s) -> %s\n"
+                     "    %%rs%ud = \"stablehlo.reshape",
+                     x, k, k, k, k, k, descending ? "GT" : "LT", k, dim, tx, tx, k);
+  if (len < 0 || (size_t)len >= sizeof name) return em_fail(e, TP_INTERNAL, "sort: type text too long");
+  return em_op(e, name, NULL, &x, 1, &xt);
+}
+
+static int bits_for(int64_t n) { /* smallest b with 2^b >= n */
+  int b = 0;
+  while (b < 63 && ((int64_t)1 << b) < n) b++;
+  return b;
+}
+
+/* randperm.generator_out(n, generator, out) / randperm.out(n, out): sort
+ * keys (64 - b random bits << b) | i, b = bits_for(n), and keep the low b bits. */
+static void r_randperm(tp_emit *e, const tp_node *n, tp_val *o) {
+  int64_t cnt = lw_int(n, 0, 0);
+  if (cnt < 0) return (void)em_fail(e, TP_INVALID_ARGUMENT, "randperm: n must be non-negative, got %lld", (long long)cnt);
+  if (out_numel(n, 0) != cnt)
+    return (void)em_fail(e, TP_INTERNAL, "randperm: output has %lld elements, expected %lld", (long long)out_numel(n, 0),
+                         (long long)cnt);
+  if (cnt == 0) {
+    o[0] = em_full(e, 0, OUT0);
+    return;
+  }
+  int b = bits_for(cnt);
+  rng r = rng_open(e, n);
+  tp_val w0, w1;
+  tf_words(e, &r, cnt, 0, &w0, &w1);
+  tp_val key = bin_ku(e, "stablehlo.shift_left", join64(e, w0, w1), (uint64_t)b);
+  tp_type it = tp_type_make(TP_U64, 1, &cnt);
+  key = bin(e, "stablehlo.or", key, em_iota(e, &it, 0));
+  tp_val sorted = sort_u64(e, key, 0, 0);
+  tp_val idx = bin_ku(e, "stablehlo.and", sorted, b ? (((uint64_t)1 << b) - 1) : 0);
+  o[0] = shape_out(e, n, 0, em_convert(e, em_convert(e, idx, TP_I64), OUT0->dt));
+}
+
+/* multinomial(self, num_samples, replacement).  With replacement: each
+ * sample is argmax_c(log p_c + Gumbel) (the Gumbel-max trick) with fresh
+ * noise per sample; without: the num_samples largest keys log p_c + Gumbel_c
+ * (Gumbel-top-k, equivalent to sequential sampling without replacement).
+ * Probabilities need not sum to 1.  PyTorch's data-dependent checks
+ * (negative or non-finite probabilities, fewer non-zero categories than
+ * samples without replacement) cannot be made in a static program: such
+ * inputs give unspecified samples instead of an error. */
+static void r_multinomial(tp_emit *e, const tp_node *n, tp_val *o) {
+  tp_val p = lw_value(e, n, 0);
+  if (em_failed(e)) return;
+  tp_type pt = *em_type(e, p);
+  int64_t S = lw_int(n, 1, 1);
+  int repl = lw_bool(n, 2, 0);
+  if (!tp_dtype_is_float(pt.dt))
+    return (void)em_fail(e, TP_INVALID_ARGUMENT, "multinomial only supports floating-point dtypes for input, got: %s",
+                         tp_dtype_name(pt.dt));
+  if (pt.rank < 1 || pt.rank > 2)
+    return (void)em_fail(e, TP_INVALID_ARGUMENT, "multinomial: prob_dist must be 1 or 2 dim, got %d", pt.rank);
+  int64_t rows = pt.rank == 2 ? pt.dims[0] : 1, cats = pt.dims[pt.rank - 1];
+  if (S <= 0) return (void)em_fail(e, TP_INVALID_ARGUMENT, "multinomial: cannot sample n_sample <= 0 samples");
+  if (!repl && S > cats)
+    return (void)em_fail(e, TP_INVALID_ARGUMENT, "multinomial: cannot sample n_sample > prob_dist.size(-1) samples without replacement");
+  if (cats <= 0) return (void)em_fail(e, TP_INVALID_ARGUMENT, "multinomial: number of categories cannot be zero");
+  if (rows == 0) {
+    o[0] = em_full(e, 0, OUT0);
+    return;
+  }
+  tp_dtype ct = pt.dt == TP_F64 ? TP_F64 : TP_F32;
+  int64_t d2[2] = {rows, cats};
+  tp_val lp = em_unary(e, "stablehlo.log", em_reshape(e, em_convert(e, p, ct), 2, d2));
+  rng r = rng_open(e, n);
+  if (em_failed(e)) return;
+  if (repl) {
+    int64_t d3[3] = {rows, S, cats}, map[2] = {0, 2};
+    tp_type t3 = tp_type_make(ct, 3, d3);
+    tp_val w0, w1;
+    tf_words_streams(e, &r, &t3, 2, &w0, &w1); /* counter per (row, sample), key per category */
+    tp_val u = ct == TP_F64 ? u_f64(e, w0, w1, U_OO) : u_f32(e, w0, U_OO);
+    tp_val gum = em_unary(e, "stablehlo.negate",
+                          em_unary(e, "stablehlo.log", em_unary(e, "stablehlo.negate", em_unary(e, "stablehlo.log", u))));
+    tp_val keys = add(e, em_bcast_in_dim(e, lp, &t3, map), gum);
+    tp_val best, idx;
+    em_argreduce(e, keys, 2, 1, &best, &idx);
+    o[0] = shape_out(e, n, 0, em_convert(e, idx, OUT0->dt));
+    return;
+  }
+  tp_type t2 = tp_type_make(ct, 2, d2);
+  tp_val w0, w1;
+  tf_words_streams(e, &r, &t2, 1, &w0, &w1); /* counter per row, key per category */
+  tp_val u = ct == TP_F64 ? u_f64(e, w0, w1, U_OO) : u_f32(e, w0, U_OO);
+  tp_val gum = em_unary(e, "stablehlo.negate",
+                        em_unary(e, "stablehlo.log", em_unary(e, "stablehlo.negate", em_unary(e, "stablehlo.log", u))));
+  /* f32 keys (rounding f64 keys to f32 only merges near-ties) in an
+   * order-preserving u32 code, above the complemented category index. */
+  tp_val g = em_convert(e, add(e, lp, gum), TP_F32);
+  tp_type ut = tp_type_make(TP_U32, 2, d2);
+  tp_val bits = em_bitcast(e, g, &ut);
+  tp_val neg = cmp_b(e, "NE", bin_ku(e, "stablehlo.and", bits, 0x80000000u), cu(e, 0, TP_U32));
+  tp_val code = em_select(e, neg, em_unary(e, "stablehlo.not", bits), bin_ku(e, "stablehlo.or", bits, 0x80000000u));
+  tp_val ci = em_iota(e, &ut, 1);
+  tp_val key = join64(e, code, em_unary(e, "stablehlo.not", ci));
+  tp_val sorted = sort_u64(e, key, 1, 1);
+  int64_t st[2] = {0, 0}, lim[2] = {rows, S};
+  tp_val top = em_slice(e, sorted, st, lim, NULL);
+  tp_val idx = em_unary(e, "stablehlo.not", lo32(e, top));
+  o[0] = shape_out(e, n, 0, em_convert(e, em_convert(e, idx, TP_I64), OUT0->dt));
+}
+
 const tp_lower_entry tp_lower_random[] = {
     {"aten::uniform", r_uniform},
+    {"aten::rand", r_rand},
+    {"aten::rand.generator", r_rand},
+    {"aten::rand_like", r_rand},
+    {"aten::rand_like.generator", r_rand},
+    {"aten::randn", r_randn},
+    {"aten::randn.generator", r_randn},
+    {"aten::randn_like", r_randn},
+    {"aten::randn_like.generator", r_randn},
+    {"aten::normal.float_float", r_normal_ff},
+    {"aten::randint", r_randint},
+    {"aten::randint.generator", r_randint},
+    {"aten::randint.low", r_randint_low},
+    {"aten::randint.low_generator", r_randint_low},
+    {"aten::randint_like", r_randint_like},
+    {"aten::randint_like.generator", r_randint_like},
+    {"aten::randint_like.low_dtype", r_randint_like_low},
+    {"aten::randint_like.low_generator_dtype", r_randint_like_low},
+    {"aten::randperm", r_randperm},
+    {"aten::randperm.generator", r_randperm},
     {"aten::normal_", r_normal_},
     {"aten::normal_functional", r_normal_},
     {"aten::normal.out", r_normal_},
@@ -550,5 +806,8 @@ const tp_lower_entry tp_lower_random[] = {
     {"aten::bernoulli.Tensor", r_bernoulli_t},
     {"aten::native_dropout", r_native_dropout},
     {"aten::native_dropout_backward", r_native_dropout_backward},
+    {"aten::randperm.generator_out", r_randperm},
+    {"aten::randperm.out", r_randperm},
+    {"aten::multinomial", r_multinomial},
     {NULL, NULL},
 };

@@ -1,6 +1,793 @@
-/* lower_reduce.c - lowering rules (see lower.h). */
+/* lower_reduce.c - reductions, scans, softmax, matrix products and sorting.
+ *
+ * Conventions (see lower_elementwise.c): the output dtype and shape come from
+ * PyTorch's meta function (n->outs).  Reductions accumulate in
+ * lw_opmath(out dtype) (f32 for f16/bf16, as PyTorch's CPU kernels do) and
+ * round once; the reduced value is reshaped to the output's shape, which
+ * takes care of keepdim.  Scalar arguments (beta, alpha, correction, ord)
+ * are runtime values: behaviour that depends on them is selected at run
+ * time, so a new value never recompiles. */
+#include <inttypes.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
 #include "lower_util.h"
 
+#define OUT0 (&n->outs[0])
+
+/* ---- small helpers ------------------------------------------------------------ */
+
+static tp_val add(tp_emit *e, tp_val a, tp_val b) { return lw_bin(e, "stablehlo.add", a, b); }
+static tp_val sub(tp_emit *e, tp_val a, tp_val b) { return lw_bin(e, "stablehlo.subtract", a, b); }
+static tp_val mul(tp_emit *e, tp_val a, tp_val b) { return lw_bin(e, "stablehlo.multiply", a, b); }
+static tp_val dv(tp_emit *e, tp_val a, tp_val b) { return lw_bin(e, "stablehlo.divide", a, b); }
+static tp_val un(tp_emit *e, const char *op, tp_val a) { return em_unary(e, op, a); }
+static tp_val kl(tp_emit *e, tp_val like, double v) { return lw_full_like(e, like, v); }
+static int rank_of(tp_emit *e, tp_val v) { return em_type(e, v)->rank; }
+static tp_dtype dt_of(tp_emit *e, tp_val v) { return em_type(e, v)->dt; }
+
+/* Select between two values of the same type on a rank-0 predicate. */
+static tp_val sel0(tp_emit *e, tp_val pred0, tp_val a, tp_val b) {
+  const tp_type *t = em_type(e, a);
+  if (t->rank > 0) pred0 = em_bcast_to(e, pred0, t->rank, t->dims);
+  return em_select(e, pred0, a, b);
+}
+
+/* A number argument as a rank-0 value of dt: a runtime scalar or tensor, a
+ * static int/float (how a `Scalar?` argument arrives today), or `def` if None. */
+static tp_val num_arg(tp_emit *e, const tp_node *n, int i, tp_dtype dt, double def) {
+  const tp_arg *a = lw_arg(n, i);
+  switch (a->kind) {
+    case TP_ARG_SCALAR:
+    case TP_ARG_TENSOR: return lw_tensor(e, n, i, dt);
+    case TP_ARG_INT:
+    case TP_ARG_BOOL: return em_const_i(e, a->i, dt);
+    case TP_ARG_FLOAT: return em_const(e, a->f, dt);
+    default: return em_const(e, def, dt);
+  }
+}
+
+/* Reshape v to output i's shape (keepdim, squeezes) and convert to its dtype. */
+static tp_val to_out(tp_emit *e, const tp_node *n, int i, tp_val v) {
+  const tp_type *o = &n->outs[i];
+  v = em_reshape(e, v, o->rank, o->dims);
+  return em_convert(e, v, o->dt);
+}
+
+/* The smallest / largest value of dt (identity of max / min). */
+static tp_val lowest(tp_emit *e, tp_dtype dt) {
+  if (tp_dtype_is_float(dt)) return em_const(e, -INFINITY, dt);
+  if (dt == TP_BOOL || tp_dtype_is_unsigned(dt)) return em_const_i(e, 0, dt);
+  switch (dt) {
+    case TP_I8: return em_const_i(e, INT8_MIN, dt);
+    case TP_I16: return em_const_i(e, INT16_MIN, dt);
+    case TP_I32: return em_const_i(e, INT32_MIN, dt);
+    default: return em_const_i(e, INT64_MIN, dt);
+  }
+}
+static tp_val highest(tp_emit *e, tp_dtype dt) {
+  if (tp_dtype_is_float(dt)) return em_const(e, INFINITY, dt);
+  if (dt == TP_BOOL) return em_const_i(e, 1, dt);
+  if (tp_dtype_is_unsigned(dt)) return em_const_i(e, -1, dt); /* all ones */
+  switch (dt) {
+    case TP_I8: return em_const_i(e, INT8_MAX, dt);
+    case TP_I16: return em_const_i(e, INT16_MAX, dt);
+    case TP_I32: return em_const_i(e, INT32_MAX, dt);
+    default: return em_const_i(e, INT64_MAX, dt);
+  }
+}
+
+/* Dims to reduce from int-list argument i of a rank-`rank` input.  None
+ * reduces everything; so does [] when empty_all.  A rank-0 input accepts
+ * dim 0/-1 and reduces nothing.  Returns the count (-1 on error). */
+static int red_dims(tp_emit *e, const tp_node *n, int i, int rank, int empty_all, int64_t *dims) {
+  const int64_t *v = NULL;
+  int k = lw_ints(n, i, &v);
+  if (lw_is_none(n, i) || (k == 0 && empty_all)) {
+    for (int d = 0; d < rank; d++) dims[d] = d;
+    return rank;
+  }
+  int nd = 0;
+  for (int j = 0; j < k; j++) {
+    int d = lw_dim(v[j], rank);
+    if (d < 0 || d >= (rank > 0 ? rank : 1)) {
+      em_fail(e, TP_INVALID_ARGUMENT, "%s: dim %" PRId64 " out of range for a tensor of rank %d", n->op, v[j], rank);
+      return -1;
+    }
+    if (rank == 0) continue;
+    for (int m = 0; m < nd; m++)
+      if (dims[m] == d) {
+        em_fail(e, TP_INVALID_ARGUMENT, "%s: dim %d appears multiple times in the list of dims", n->op, d);
+        return -1;
+      }
+    dims[nd++] = d;
+  }
+  return nd;
+}
+
+/* One static dim argument (0 for a rank-0 input). */
+static int one_dim(tp_emit *e, const tp_node *n, int i, int rank) {
+  int64_t raw = lw_int(n, i, 0);
+  int d = lw_dim(raw, rank);
+  if (d < 0 || d >= (rank > 0 ? rank : 1)) {
+    em_fail(e, TP_INVALID_ARGUMENT, "%s: dim %" PRId64 " out of range for a tensor of rank %d", n->op, raw, rank);
+    return -1;
+  }
+  return rank == 0 ? -1 : d; /* -1: nothing to reduce */
+}
+
+static int64_t count_of(tp_emit *e, tp_val x, const int64_t *dims, int nd) {
+  const tp_type *t = em_type(e, x);
+  int64_t c = 1;
+  for (int i = 0; i < nd; i++) c *= t->dims[dims[i]];
+  return c;
+}
+
+/* Broadcast a reduced value r (x's dims minus `dims`) back to x's shape. */
+static tp_val expand_back(tp_emit *e, tp_val r, tp_val x, const int64_t *dims, int nd) {
+  const tp_type *t = em_type(e, x);
+  int64_t map[TP_MAX_RANK];
+  int k = 0;
+  for (int i = 0; i < t->rank; i++) {
+    int red = 0;
+    for (int j = 0; j < nd; j++) red |= dims[j] == i;
+    if (!red) map[k++] = i;
+  }
+  tp_type bt = *t;
+  bt.dt = dt_of(e, r);
+  return em_bcast_in_dim(e, r, &bt, map);
+}
+
+static tp_val rsum(tp_emit *e, tp_val x, const int64_t *dims, int nd) {
+  return em_reduce(e, x, em_const(e, 0, dt_of(e, x)), dims, nd, "stablehlo.add");
+}
+/* XLA:CPU's maximum/minimum reductions drop NaNs; PyTorch propagates them. */
+static tp_val nan_fix(tp_emit *e, tp_val x, tp_val r, const int64_t *dims, int nd) {
+  if (!tp_dtype_is_float(dt_of(e, x))) return r;
+  tp_val anynan = em_reduce(e, em_compare(e, "NE", x, x), em_const_i(e, 0, TP_BOOL), dims, nd, "stablehlo.or");
+  return em_select(e, anynan, kl(e, r, NAN), r);
+}
+static tp_val rmax(tp_emit *e, tp_val x, const int64_t *dims, int nd) {
+  tp_dtype dt = dt_of(e, x);
+  tp_val r = em_reduce(e, x, lowest(e, dt), dims, nd, dt == TP_BOOL ? "stablehlo.or" : "stablehlo.maximum");
+  return nan_fix(e, x, r, dims, nd);
+}
+static tp_val rmin(tp_emit *e, tp_val x, const int64_t *dims, int nd) {
+  tp_dtype dt = dt_of(e, x);
+  tp_val r = em_reduce(e, x, highest(e, dt), dims, nd, dt == TP_BOOL ? "stablehlo.and" : "stablehlo.minimum");
+  return nan_fix(e, x, r, dims, nd);
+}
+
+/* The input (argument 0) converted to the output dtype (the dtype= argument's
+ * cast, or the int->int64 promotion), then to its opmath dtype. */
+static tp_val input_acc(tp_emit *e, const tp_node *n, int i) {
+  tp_dtype od = n->outs[i].dt;
+  tp_val x = lw_value(e, n, 0);
+  if (tp_dtype_is_complex(dt_of(e, x)) && !tp_dtype_is_complex(od))
+    return em_fail(e, TP_UNIMPLEMENTED, "%s: complex input with a real result is not supported", n->op);
+  x = em_convert(e, x, od);
+  return em_convert(e, x, lw_opmath(od));
+}
+
+/* ---- sum / mean / prod ------------------------------------------------------------ */
+
+/* sum.dim_IntList(self, dim, keepdim, dtype) / sum(self, dtype) */
+static void sum_like(tp_emit *e, const tp_node *n, tp_val *o, int dim_i, int is_mean) {
+  tp_val x = input_acc(e, n, 0);
+  int64_t dims[TP_MAX_RANK];
+  int nd = dim_i < 0 ? rank_of(e, x) : red_dims(e, n, dim_i, rank_of(e, x), 1, dims);
+  if (dim_i < 0)
+    for (int d = 0; d < nd; d++) dims[d] = d;
+  if (nd < 0) return;
+  tp_val s = rsum(e, x, dims, nd);
+  if (is_mean) s = dv(e, s, kl(e, s, (double)count_of(e, x, dims, nd)));
+  o[0] = to_out(e, n, 0, s);
+}
+static void r_sum(tp_emit *e, const tp_node *n, tp_val *o) { sum_like(e, n, o, -1, 0); }
+static void r_sum_dim(tp_emit *e, const tp_node *n, tp_val *o) { sum_like(e, n, o, 1, 0); }
+static void r_mean(tp_emit *e, const tp_node *n, tp_val *o) { sum_like(e, n, o, -1, 1); }
+static void r_mean_dim(tp_emit *e, const tp_node *n, tp_val *o) { sum_like(e, n, o, 1, 1); }
+
+/* prod(self, dtype) / prod.dim_int(self, dim, keepdim, dtype) */
+static void prod_like(tp_emit *e, const tp_node *n, tp_val *o, int has_dim) {
+  tp_val x = input_acc(e, n, 0);
+  int64_t dims[TP_MAX_RANK];
+  int nd = rank_of(e, x);
+  for (int d = 0; d < nd; d++) dims[d] = d;
+  if (has_dim) {
+    if (em_failed(e)) return;
+    int d = one_dim(e, n, 1, rank_of(e, x));
+    if (em_failed(e)) return;
+    nd = d < 0 ? 0 : 1;
+    dims[0] = d;
+  }
+  tp_dtype dt = dt_of(e, x);
+  tp_val p = em_reduce(e, x, em_const(e, 1, dt), dims, nd, dt == TP_BOOL ? "stablehlo.and" : "stablehlo.multiply");
+  o[0] = to_out(e, n, 0, p);
+}
+static void r_prod(tp_emit *e, const tp_node *n, tp_val *o) { prod_like(e, n, o, 0); }
+static void r_prod_dim(tp_emit *e, const tp_node *n, tp_val *o) { prod_like(e, n, o, 1); }
+
+/* ---- max / min family ---------------------------------------------------------------- */
+
+/* amax/amin(self, dim=[], keepdim); max/min(self) with dim_i < 0. */
+static void minmax_like(tp_emit *e, const tp_node *n, tp_val *o, int dim_i, int is_max) {
+  tp_val x = lw_value(e, n, 0);
+  int64_t dims[TP_MAX_RANK];
+  int nd = rank_of(e, x);
+  for (int d = 0; d < nd; d++) dims[d] = d;
+  if (dim_i >= 0) nd = red_dims(e, n, dim_i, rank_of(e, x), 1, dims);
+  if (nd < 0) return;
+  if (tp_dtype_is_complex(dt_of(e, x))) {
+    o[0] = em_fail(e, TP_INVALID_ARGUMENT, "%s: not supported for complex tensors", n->op);
+    return;
+  }
+  o[0] = to_out(e, n, 0, is_max ? rmax(e, x, dims, nd) : rmin(e, x, dims, nd));
+}
+static void r_amax(tp_emit *e, const tp_node *n, tp_val *o) { minmax_like(e, n, o, 1, 1); }
+static void r_amin(tp_emit *e, const tp_node *n, tp_val *o) { minmax_like(e, n, o, 1, 0); }
+static void r_max(tp_emit *e, const tp_node *n, tp_val *o) { minmax_like(e, n, o, -1, 1); }
+static void r_min(tp_emit *e, const tp_node *n, tp_val *o) { minmax_like(e, n, o, -1, 0); }
+
+/* em_argreduce, for every dtype: it writes its i8/i16/i32 identity as an
+ * out-of-range INT64_MIN/MAX constant first, which fails to parse, so those
+ * run widened to i64 (exact). */
+static void argreduce(tp_emit *e, tp_val x, int dim, int is_max, tp_val *v, tp_val *i) {
+  tp_dtype dt = dt_of(e, x);
+  int widen = dt == TP_I8 || dt == TP_I16 || dt == TP_I32;
+  em_argreduce(e, widen ? em_convert(e, x, TP_I64) : x, dim, is_max, v, i);
+  if (widen) *v = em_convert(e, *v, dt);
+}
+
+/* max.dim / min.dim(self, dim, keepdim) -> (values, indices) */
+static void minmax_dim(tp_emit *e, const tp_node *n, tp_val *o, int is_max) {
+  tp_val x = lw_value(e, n, 0);
+  int d = one_dim(e, n, 1, rank_of(e, x));
+  if (em_failed(e)) return;
+  if (d < 0) { /* rank 0 */
+    o[0] = to_out(e, n, 0, x);
+    o[1] = to_out(e, n, 1, em_const_i(e, 0, TP_I64));
+    return;
+  }
+  tp_val v, i;
+  argreduce(e, x, d, is_max, &v, &i);
+  o[0] = to_out(e, n, 0, v);
+  o[1] = to_out(e, n, 1, i);
+}
+static void r_max_dim(tp_emit *e, const tp_node *n, tp_val *o) { minmax_dim(e, n, o, 1); }
+static void r_min_dim(tp_emit *e, const tp_node *n, tp_val *o) { minmax_dim(e, n, o, 0); }
+
+/* argmax / argmin(self, dim=None, keepdim) */
+static void arg_like(tp_emit *e, const tp_node *n, tp_val *o, int is_max) {
+  tp_val x = lw_value(e, n, 0);
+  int d;
+  if (lw_is_none(n, 1)) {
+    int64_t numel = tp_type_numel(em_type(e, x));
+    x = em_reshape(e, x, 1, &numel);
+    d = 0;
+  } else {
+    d = one_dim(e, n, 1, rank_of(e, x));
+    if (em_failed(e)) return;
+    if (d < 0) {
+      o[0] = to_out(e, n, 0, em_const_i(e, 0, TP_I64));
+      return;
+    }
+  }
+  tp_val v, i;
+  argreduce(e, x, d, is_max, &v, &i);
+  o[0] = to_out(e, n, 0, i);
+}
+static void r_argmax(tp_emit *e, const tp_node *n, tp_val *o) { arg_like(e, n, o, 1); }
+static void r_argmin(tp_emit *e, const tp_node *n, tp_val *o) { arg_like(e, n, o, 0); }
+
+/* ---- any / all ---------------------------------------------------------------------- */
+
+/* mode: 0 full, 1 .dim (one int), 2 .dims (int[]? : None = all, [] = none) */
+static void anyall(tp_emit *e, const tp_node *n, tp_val *o, int mode, int is_any) {
+  tp_val x = em_convert(e, lw_value(e, n, 0), TP_BOOL);
+  int r = rank_of(e, x);
+  int64_t dims[TP_MAX_RANK];
+  int nd = r;
+  for (int d = 0; d < nd; d++) dims[d] = d;
+  if (mode == 1) {
+    int d = one_dim(e, n, 1, r);
+    if (em_failed(e)) return;
+    nd = d < 0 ? 0 : 1;
+    dims[0] = d;
+  } else if (mode == 2) {
+    nd = red_dims(e, n, 1, r, 0, dims);
+    if (nd < 0) return;
+  }
+  tp_val v = em_reduce(e, x, em_const_i(e, is_any ? 0 : 1, TP_BOOL), dims, nd, is_any ? "stablehlo.or" : "stablehlo.and");
+  o[0] = to_out(e, n, 0, v);
+}
+static void r_any(tp_emit *e, const tp_node *n, tp_val *o) { anyall(e, n, o, 0, 1); }
+static void r_any_dim(tp_emit *e, const tp_node *n, tp_val *o) { anyall(e, n, o, 1, 1); }
+static void r_any_dims(tp_emit *e, const tp_node *n, tp_val *o) { anyall(e, n, o, 2, 1); }
+static void r_all(tp_emit *e, const tp_node *n, tp_val *o) { anyall(e, n, o, 0, 0); }
+static void r_all_dim(tp_emit *e, const tp_node *n, tp_val *o) { anyall(e, n, o, 1, 0); }
+static void r_all_dims(tp_emit *e, const tp_node *n, tp_val *o) { anyall(e, n, o, 2, 0); }
+
+/* ---- var / std ------------------------------------------------------------------------ */
+
+/* var.correction(self, dim=None, *, correction=None, keepdim) and friends.
+ * which: 0 var, 1 std, 2 var_mean, 3 std_mean.  Two passes (mean, then the
+ * sum of squared deviations) in opmath; divisor max(N - correction, 0). */
+static void var_like(tp_emit *e, const tp_node *n, tp_val *o, int which) {
+  tp_val x = lw_value(e, n, 0);
+  tp_dtype od = n->outs[0].dt;
+  if (tp_dtype_is_complex(dt_of(e, x))) {
+    o[0] = em_fail(e, TP_UNIMPLEMENTED, "%s: complex input is not supported", n->op);
+    return;
+  }
+  tp_dtype ct = lw_opmath(od);
+  x = em_convert(e, x, ct);
+  int64_t dims[TP_MAX_RANK];
+  int nd = red_dims(e, n, 1, rank_of(e, x), 1, dims);
+  if (nd < 0) return;
+  int64_t cnt = count_of(e, x, dims, nd);
+  tp_val mean = dv(e, rsum(e, x, dims, nd), em_const(e, (double)cnt, ct));
+  tp_val dev = sub(e, x, expand_back(e, mean, x, dims, nd));
+  tp_val ss = rsum(e, mul(e, dev, dev), dims, nd);
+  tp_val corr = num_arg(e, n, 2, ct, 1);
+  tp_val div = em_binary(e, "stablehlo.maximum", sub(e, em_const(e, (double)cnt, ct), corr), em_const(e, 0, ct));
+  tp_val var = dv(e, ss, div);
+  if (which == 1 || which == 3) var = un(e, "stablehlo.sqrt", var);
+  o[0] = to_out(e, n, 0, var);
+  if (which >= 2) o[1] = to_out(e, n, 1, mean);
+}
+static void r_var(tp_emit *e, const tp_node *n, tp_val *o) { var_like(e, n, o, 0); }
+static void r_std(tp_emit *e, const tp_node *n, tp_val *o) { var_like(e, n, o, 1); }
+static void r_var_mean(tp_emit *e, const tp_node *n, tp_val *o) { var_like(e, n, o, 2); }
+static void r_std_mean(tp_emit *e, const tp_node *n, tp_val *o) { var_like(e, n, o, 3); }
+
+/* ---- logsumexp / norms ------------------------------------------------------------------ */
+
+/* logsumexp(self, dim, keepdim): m + log(sum(exp(x - m))), m = max with
+ * infinities replaced by 0 (so all -inf gives -inf and +inf gives +inf). */
+static void r_logsumexp(tp_emit *e, const tp_node *n, tp_val *o) {
+  tp_dtype ct = lw_opmath(n->outs[0].dt);
+  tp_val x = em_convert(e, lw_value(e, n, 0), ct);
+  int64_t dims[TP_MAX_RANK];
+  int nd = red_dims(e, n, 1, rank_of(e, x), 1, dims);
+  if (nd < 0) return;
+  tp_val m = rmax(e, x, dims, nd);
+  tp_val isinf = em_compare(e, "EQ", un(e, "stablehlo.abs", m), kl(e, m, INFINITY));
+  m = em_select(e, isinf, kl(e, m, 0), m);
+  tp_val s = rsum(e, un(e, "stablehlo.exponential", sub(e, x, expand_back(e, m, x, dims, nd))), dims, nd);
+  o[0] = to_out(e, n, 0, add(e, un(e, "stablehlo.log", s), m));
+}
+
+/* linalg_vector_norm(self, ord=2, dim=None, keepdim, *, dtype).  `ord` is a
+ * runtime scalar: every variant is computed and the one for ord selected. */
+static void r_vector_norm(tp_emit *e, const tp_node *n, tp_val *o) {
+  tp_dtype od = n->outs[0].dt, ct = lw_opmath(od);
+  tp_val x = lw_value(e, n, 0);
+  if (!lw_is_none(n, 4)) x = em_convert(e, x, (tp_dtype)lw_int(n, 4, od));
+  tp_type at = *em_type(e, x);
+  at.dt = ct;
+  tp_val a;
+  if (tp_dtype_is_complex(em_type(e, x)->dt)) {
+    tp_type rt = *em_type(e, x);
+    rt.dt = em_type(e, x)->dt == TP_C64 ? TP_F32 : TP_F64;
+    a = em_convert(e, em_op(e, "stablehlo.abs", NULL, &x, 1, &rt), ct);
+  } else {
+    a = un(e, "stablehlo.abs", em_convert(e, x, ct));
+  }
+  int64_t dims[TP_MAX_RANK];
+  int nd = red_dims(e, n, 2, at.rank, 1, dims);
+  if (nd < 0) return;
+  tp_val p = num_arg(e, n, 1, ct, 2);
+  tp_val zero = em_const(e, 0, ct);
+  /* general p: sum(|x|^p)^(1/p) */
+  tp_val pb = em_bcast_to(e, p, at.rank, at.dims);
+  tp_val gen = rsum(e, em_binary(e, "stablehlo.power", a, pb), dims, nd);
+  tp_val inv = dv(e, em_const(e, 1, ct), p);
+  gen = em_binary(e, "stablehlo.power", gen, em_bcast_to(e, inv, rank_of(e, gen), em_type(e, gen)->dims));
+  tp_val l2 = un(e, "stablehlo.sqrt", rsum(e, mul(e, a, a), dims, nd));
+  tp_val l1 = rsum(e, a, dims, nd);
+  tp_val l0 = rsum(e, em_convert(e, em_compare(e, "NE", a, kl(e, a, 0)), ct), dims, nd);
+  tp_val linf = nan_fix(e, a, em_reduce(e, a, zero, dims, nd, "stablehlo.maximum"), dims, nd);
+  tp_val lminf = rmin(e, a, dims, nd);
+  tp_val r = gen;
+  r = sel0(e, em_compare(e, "EQ", p, em_const(e, 2, ct)), l2, r);
+  r = sel0(e, em_compare(e, "EQ", p, em_const(e, 1, ct)), l1, r);
+  r = sel0(e, em_compare(e, "EQ", p, zero), l0, r);
+  r = sel0(e, em_compare(e, "EQ", p, em_const(e, INFINITY, ct)), linf, r);
+  r = sel0(e, em_compare(e, "EQ", p, em_const(e, -INFINITY, ct)), lminf, r);
+  o[0] = to_out(e, n, 0, r);
+}
+
+/* ---- scans ------------------------------------------------------------------------------------ */
+
+/* Inclusive scan along `dim` with a binary op (Hillis-Steele: log2(N) steps of
+ * shift-and-combine, exact for integers).  `ident` fills the shifted-in part. */
+static tp_val scan(tp_emit *e, tp_val x, int dim, const char *op, double ident) {
+  const tp_type *t = em_type(e, x);
+  int r = t->rank;
+  int64_t len = t->dims[dim];
+  tp_val id = em_const(e, ident, t->dt);
+  for (int64_t s = 1; s < len; s *= 2) {
+    int64_t start[TP_MAX_RANK] = {0}, limit[TP_MAX_RANK], lo[TP_MAX_RANK] = {0}, hi[TP_MAX_RANK] = {0};
+    for (int i = 0; i < r; i++) limit[i] = em_type(e, x)->dims[i];
+    limit[dim] = len - s;
+    lo[dim] = s;
+    tp_val sh = em_pad(e, em_slice(e, x, start, limit, NULL), id, lo, hi, NULL);
+    x = em_binary(e, op, x, sh);
+  }
+  return x;
+}
+
+/* cumsum / cumprod(self, dim, *, dtype).  float32 accumulates in float64 as
+ * PyTorch's CPU kernel does (acc_type), f16/bf16 in float32. */
+static void cum_like(tp_emit *e, const tp_node *n, tp_val *o, int is_prod) {
+  tp_dtype od = n->outs[0].dt;
+  tp_dtype ct = od == TP_F32 ? TP_F64 : lw_opmath(od);
+  tp_val x = em_convert(e, em_convert(e, lw_value(e, n, 0), od), ct);
+  int d = one_dim(e, n, 1, rank_of(e, x));
+  if (em_failed(e)) return;
+  if (d >= 0) x = scan(e, x, d, is_prod ? "stablehlo.multiply" : "stablehlo.add", is_prod ? 1 : 0);
+  o[0] = to_out(e, n, 0, x);
+}
+static void r_cumsum(tp_emit *e, const tp_node *n, tp_val *o) { cum_like(e, n, o, 0); }
+static void r_cumprod(tp_emit *e, const tp_node *n, tp_val *o) { cum_like(e, n, o, 1); }
+
+/* ---- softmax --------------------------------------------------------------------------------- */
+
+/* _softmax / _log_softmax(self, dim, half_to_float) */
+static void softmax_like(tp_emit *e, const tp_node *n, tp_val *o, int is_log) {
+  tp_dtype ct = lw_opmath(n->outs[0].dt);
+  tp_val x = em_convert(e, lw_value(e, n, 0), ct);
+  int d = one_dim(e, n, 1, rank_of(e, x));
+  if (em_failed(e)) return;
+  if (d < 0) { /* rank 0: a one-element softmax */
+    int64_t one = 1;
+    x = em_reshape(e, x, 1, &one);
+    d = 0;
+  }
+  int64_t dims[1] = {d};
+  tp_val m = expand_back(e, rmax(e, x, dims, 1), x, dims, 1);
+  tp_val z = sub(e, x, m);
+  tp_val ez = un(e, "stablehlo.exponential", z);
+  tp_val s = expand_back(e, rsum(e, ez, dims, 1), x, dims, 1);
+  tp_val r = is_log ? sub(e, z, un(e, "stablehlo.log", s)) : dv(e, ez, s);
+  o[0] = to_out(e, n, 0, r);
+}
+static void r_softmax(tp_emit *e, const tp_node *n, tp_val *o) { softmax_like(e, n, o, 0); }
+static void r_log_softmax(tp_emit *e, const tp_node *n, tp_val *o) { softmax_like(e, n, o, 1); }
+
+/* _softmax_backward_data / _log_softmax_backward_data(grad, output, dim, input_dtype) */
+static void softmax_bw(tp_emit *e, const tp_node *n, tp_val *o, int is_log) {
+  tp_dtype ct = lw_opmath(n->outs[0].dt);
+  tp_type t = lw_out_as(n, 0, ct);
+  tp_val g = lw_operand(e, n, 0, &t), y = lw_operand(e, n, 1, &t);
+  int d = one_dim(e, n, 2, t.rank);
+  if (em_failed(e)) return;
+  if (d < 0) {
+    int64_t one = 1;
+    g = em_reshape(e, g, 1, &one);
+    y = em_reshape(e, y, 1, &one);
+    d = 0;
+  }
+  int64_t dims[1] = {d};
+  tp_val r;
+  if (is_log) {
+    tp_val s = expand_back(e, rsum(e, g, dims, 1), g, dims, 1);
+    r = sub(e, g, mul(e, un(e, "stablehlo.exponential", y), s));
+  } else {
+    tp_val gy = mul(e, g, y);
+    tp_val s = expand_back(e, rsum(e, gy, dims, 1), g, dims, 1);
+    r = sub(e, gy, mul(e, y, s));
+  }
+  o[0] = to_out(e, n, 0, r);
+}
+static void r_softmax_bw(tp_emit *e, const tp_node *n, tp_val *o) { softmax_bw(e, n, o, 0); }
+static void r_log_softmax_bw(tp_emit *e, const tp_node *n, tp_val *o) { softmax_bw(e, n, o, 1); }
+
+/* ---- matrix products --------------------------------------------------------------------------- */
+
+/* The dtype a product runs in, and its operands converted to it. */
+static tp_val mm_operand(tp_emit *e, const tp_node *n, int i, tp_dtype ct) { return em_convert(e, lw_value(e, n, i), ct); }
+
+static tp_val conj_of(tp_emit *e, tp_val x) {
+  tp_dtype dt = dt_of(e, x);
+  if (!tp_dtype_is_complex(dt)) return x;
+  tp_type rt = *em_type(e, x);
+  rt.dt = dt == TP_C64 ? TP_F32 : TP_F64;
+  tp_val re = em_op(e, "stablehlo.real", NULL, &x, 1, &rt);
+  tp_val im = un(e, "stablehlo.negate", em_op(e, "stablehlo.imag", NULL, &x, 1, &rt));
+  tp_val in[2] = {re, im};
+  return em_op(e, "stablehlo.complex", NULL, in, 2, em_type(e, x));
+}
+
+/* a @ b for the ranks the ops take: (m,k)@(k,p), (b,m,k)@(b,k,p),
+ * (m,k)@(k), (k)@(k); `sum_batch` contracts the batch too (addbmm). */
+static tp_val product(tp_emit *e, const tp_node *n, tp_val a, tp_val b, int sum_batch) {
+  int ra = rank_of(e, a), rb = rank_of(e, b);
+  tp_dtype ct = dt_of(e, a);
+  if (dt_of(e, b) != ct) return em_fail(e, TP_INVALID_ARGUMENT, "%s: operands must have the same dtype", n->op);
+  if (ra == 3 && rb == 3) {
+    if (em_type(e, a)->dims[2] != em_type(e, b)->dims[1] || em_type(e, a)->dims[0] != em_type(e, b)->dims[0])
+      return em_fail(e, TP_INVALID_ARGUMENT, "%s: shapes cannot be multiplied", n->op);
+    int64_t bz[1] = {0};
+    if (sum_batch) {
+      int64_t lc[2] = {0, 2}, rc[2] = {0, 1};
+      return em_dot(e, a, b, NULL, NULL, 0, lc, rc, 2, ct);
+    }
+    int64_t lc[1] = {2}, rc[1] = {1};
+    return em_dot(e, a, b, bz, bz, 1, lc, rc, 1, ct);
+  }
+  int64_t lc[1] = {ra - 1}, rc[1] = {0};
+  if (ra < 1 || ra > 2 || rb < 1 || rb > 2 || em_type(e, a)->dims[ra - 1] != em_type(e, b)->dims[0])
+    return em_fail(e, TP_INVALID_ARGUMENT, "%s: shapes cannot be multiplied", n->op);
+  return em_dot(e, a, b, NULL, NULL, 0, lc, rc, 1, ct);
+}
+
+/* out = op(a, b) for mm, bmm, mv, dot, vdot */
+static void plain_product(tp_emit *e, const tp_node *n, tp_val *o, int conj) {
+  tp_dtype ct = lw_opmath(n->outs[0].dt);
+  tp_val a = mm_operand(e, n, 0, ct), b = mm_operand(e, n, 1, ct);
+  if (conj) a = conj_of(e, a);
+  o[0] = to_out(e, n, 0, product(e, n, a, b, 0));
+}
+static void r_mm(tp_emit *e, const tp_node *n, tp_val *o) { plain_product(e, n, o, 0); }
+static void r_vdot(tp_emit *e, const tp_node *n, tp_val *o) { plain_product(e, n, o, 1); }
+
+/* beta * self + alpha * (a @ b); beta == 0 ignores self and alpha == 0 the
+ * product (NaNs included), as BLAS and PyTorch do.  act: 0 none, 1 relu, 2 gelu. */
+static void addprod(tp_emit *e, const tp_node *n, tp_val *o, int sum_batch, int act) {
+  tp_dtype ct = lw_opmath(n->outs[0].dt);
+  tp_type t = lw_out_as(n, 0, ct);
+  tp_val p = product(e, n, mm_operand(e, n, 1, ct), mm_operand(e, n, 2, ct), sum_batch);
+  if (em_failed(e)) return;
+  tp_val self = lw_operand(e, n, 0, &t);
+  tp_val beta = num_arg(e, n, 3, ct, 1), alpha = num_arg(e, n, 4, ct, 1);
+  tp_val z = em_const(e, 0, ct);
+  tp_val bs = sel0(e, em_compare(e, "EQ", beta, z), kl(e, self, 0), mul(e, self, beta));
+  tp_val ap = sel0(e, em_compare(e, "EQ", alpha, z), kl(e, p, 0), mul(e, p, alpha));
+  tp_val r = add(e, bs, ap);
+  if (act == 1) {
+    r = em_binary(e, "stablehlo.maximum", r, kl(e, r, 0));
+  } else if (act == 2) {
+    tp_val cdf = add(e, kl(e, r, 1), un(e, "chlo.erf", mul(e, r, kl(e, r, M_SQRT1_2))));
+    r = mul(e, mul(e, r, kl(e, r, 0.5)), cdf);
+  }
+  o[0] = to_out(e, n, 0, r);
+}
+static void r_addmm(tp_emit *e, const tp_node *n, tp_val *o) { addprod(e, n, o, 0, 0); }
+static void r_addbmm(tp_emit *e, const tp_node *n, tp_val *o) { addprod(e, n, o, 1, 0); }
+static void r_addmm_act(tp_emit *e, const tp_node *n, tp_val *o) { addprod(e, n, o, 0, lw_bool(n, 5, 0) ? 2 : 1); }
+
+/* ---- sorting ----------------------------------------------------------------------------------- */
+
+/* emit.h has no way to write an op with a region other than em_reduce and
+ * em_argreduce, so stablehlo.sort is written through em_op's op-name text.
+ * em_op prints `%vV = "NAME"(ins) {attrs} : (types) -> T`; NAME carries
+ * whole extra statements, each call binding %vV to a plain op:
+ *   call 1: %vV = reshape(x); %sK:2 = sort(x, iota) {...}; %jK = reshape(x)
+ *   call 2: %vV = reshape(%sK#0); %jK2 = reshape(x)       (sorted values)
+ *   call 3: %vV = reshape(%sK#1); %jK3 = reshape(iota)    (their indices)
+ * The %j values are dead and removed by the compiler. */
+static unsigned g_sort_seq;
+
+typedef struct sbuild {
+  char *p;
+  size_t len, cap;
+  int oom;
+} sbuild;
+
+static void sbp(sbuild *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void sbp(sbuild *b, const char *fmt, ...) {
+  if (b->oom) return;
+  for (;;) {
+    va_list ap;
+    va_start(ap, fmt);
+    size_t room = b->cap - b->len;
+    int k = vsnprintf(b->p ? b->p + b->len : NULL, b->p ? room : 0, fmt, ap);
+    va_end(ap);
+    if (k < 0) {
+      b->oom = 1;
+      return;
+    }
+    if (b->p && (size_t)k < room) {
+      b->len += (size_t)k;
+      return;
+    }
+    size_t nc = b->cap ? b->cap * 2 : 2048;
+    while (nc < b->len + (size_t)k + 1) nc *= 2;
+    char *np = realloc(b->p, nc);
+    if (!np) {
+      b->oom = 1;
+      return;
+    }
+    b->p = np;
+    b->cap = nc;
+  }
+}
+
+/* Stable sort of x along dim; NaN is the largest value (last ascending,
+ * first descending), like PyTorch.  Returns values and i64 indices. */
+static void sort_dim(tp_emit *e, const tp_node *n, tp_val x, int dim, int descending, tp_val *vals, tp_val *idx) {
+  *vals = *idx = -1;
+  if (em_failed(e)) return;
+  tp_type xt = *em_type(e, x);
+  if (tp_dtype_is_complex(xt.dt)) {
+    em_fail(e, TP_INVALID_ARGUMENT, "%s: sorting complex tensors is not supported", n->op);
+    return;
+  }
+  tp_type it = xt;
+  it.dt = TP_I64;
+  tp_val io = em_iota(e, &it, dim);
+  if (em_failed(e)) return;
+  unsigned k = __atomic_fetch_add(&g_sort_seq, 1, __ATOMIC_RELAXED);
+  char tx[256], ti[256], ts[64], tsi[64];
+  tp_type st = tp_type_make(xt.dt, 0, NULL), sti = tp_type_make(TP_I64, 0, NULL);
+  tp_type_str(&xt, tx, sizeof tx);
+  tp_type_str(&it, ti, sizeof ti);
+  tp_type_str(&st, ts, sizeof ts);
+  tp_type_str(&sti, tsi, sizeof tsi);
+  const char *ct = tp_dtype_is_float(xt.dt) ? "FLOAT" : (tp_dtype_is_unsigned(xt.dt) || xt.dt == TP_BOOL) ? "UNSIGNED" : "SIGNED";
+  const char *b1 = "tensor<i1>";
+  sbuild b = {0};
+  sbp(&b, "stablehlo.reshape\"(%%v%d) : (%s) -> %s\n", x, tx, tx);
+  sbp(&b, "    %%s%u:2 = \"stablehlo.sort\"(%%v%d, %%v%d) ({\n", k, x, io);
+  sbp(&b, "    ^bb0(%%s%ua: %s, %%s%ub: %s, %%s%uia: %s, %%s%uib: %s):\n", k, ts, k, ts, k, tsi, k, tsi);
+#define CMPL(name, dir, l, r)                                                                                        \
+  sbp(&b,                                                                                                            \
+      "      %%s%u" name " = \"stablehlo.compare\"(%%s%u" l ", %%s%u" r ") {comparison_direction = "                  \
+      "#stablehlo<comparison_direction " dir ">, compare_type = #stablehlo<comparison_type %s>} : (%s, %s) -> %s\n", \
+      k, k, k, ct, ts, ts, b1)
+  if (descending) CMPL("c", "GT", "a", "b");
+  else CMPL("c", "LT", "a", "b");
+  const char *res = "c";
+  if (tp_dtype_is_float(xt.dt)) {
+    CMPL("na", "NE", "a", "a");
+    CMPL("nb", "NE", "b", "b");
+    /* ascending: c | (!na & nb); descending: c | (na & !nb) */
+    sbp(&b, "      %%s%unot = \"stablehlo.not\"(%%s%u%s) : (%s) -> %s\n", k, k, descending ? "nb" : "na", b1, b1);
+    sbp(&b, "      %%s%uand = \"stablehlo.and\"(%%s%unot, %%s%u%s) : (%s, %s) -> %s\n", k, k, k, descending ? "na" : "nb", b1,
+        b1, b1);
+    sbp(&b, "      %%s%ur = \"stablehlo.or\"(%%s%uc, %%s%uand) : (%s, %s) -> %s\n", k, k, k, b1, b1, b1);
+    res = "r";
+  }
+#undef CMPL
+  sbp(&b, "      \"stablehlo.return\"(%%s%u%s) : (%s) -> ()\n", k, res, b1);
+  sbp(&b, "    }) {dimension = %d : i64, is_stable = true} : (%s, %s) -> (%s, %s)\n", dim, tx, ti, tx, ti);
+  sbp(&b, "    %%j%ua = \"stablehlo.reshape", k);
+  if (b.oom) {
+    free(b.p);
+    em_fail(e, TP_RESOURCE_EXHAUSTED, "out of memory building a program");
+    return;
+  }
+  tp_val first = em_op(e, b.p, NULL, &x, 1, &xt);
+  (void)first;
+  char nm[1024];
+  snprintf(nm, sizeof nm, "stablehlo.reshape\"(%%s%u#0) : (%s) -> %s\n    %%j%ub = \"stablehlo.reshape", k, tx, tx, k);
+  *vals = em_op(e, nm, NULL, &x, 1, &xt);
+  snprintf(nm, sizeof nm, "stablehlo.reshape\"(%%s%u#1) : (%s) -> %s\n    %%j%uc = \"stablehlo.reshape", k, ti, ti, k);
+  *idx = em_op(e, nm, NULL, &io, 1, &it);
+  free(b.p);
+}
+
+/* sort.stable(self, *, stable, dim=-1, descending) / sort(self, dim=-1, descending) */
+static void sort_like(tp_emit *e, const tp_node *n, tp_val *o, int dim_i) {
+  tp_val x = lw_value(e, n, 0);
+  int d = one_dim(e, n, dim_i, rank_of(e, x));
+  if (em_failed(e)) return;
+  if (d < 0) {
+    o[0] = to_out(e, n, 0, x);
+    o[1] = to_out(e, n, 1, em_const_i(e, 0, TP_I64));
+    return;
+  }
+  tp_val v, i;
+  sort_dim(e, n, x, d, lw_bool(n, dim_i + 1, 0), &v, &i);
+  o[0] = to_out(e, n, 0, v);
+  o[1] = to_out(e, n, 1, i);
+}
+static void r_sort(tp_emit *e, const tp_node *n, tp_val *o) { sort_like(e, n, o, 1); }
+static void r_sort_stable(tp_emit *e, const tp_node *n, tp_val *o) { sort_like(e, n, o, 2); }
+
+/* Elements [from, from + len) of v along dim. */
+static tp_val take(tp_emit *e, tp_val v, int dim, int64_t from, int64_t len) {
+  const tp_type *t = em_type(e, v);
+  int64_t start[TP_MAX_RANK] = {0}, limit[TP_MAX_RANK];
+  for (int i = 0; i < t->rank; i++) limit[i] = t->dims[i];
+  start[dim] = from;
+  limit[dim] = from + len;
+  return em_slice(e, v, start, limit, NULL);
+}
+
+/* topk(self, k, dim=-1, largest, sorted): always sorted. */
+static void r_topk(tp_emit *e, const tp_node *n, tp_val *o) {
+  tp_val x = lw_value(e, n, 0);
+  int64_t kk = lw_int(n, 1, 0);
+  int d = one_dim(e, n, 2, rank_of(e, x));
+  if (em_failed(e)) return;
+  if (d < 0) {
+    int64_t one = 1;
+    x = em_reshape(e, x, 1, &one);
+    d = 0;
+  }
+  if (kk < 0 || kk > em_type(e, x)->dims[d]) {
+    o[0] = em_fail(e, TP_INVALID_ARGUMENT, "topk: k (%" PRId64 ") out of range for dimension %d", kk, d);
+    return;
+  }
+  tp_val v, i;
+  sort_dim(e, n, x, d, lw_bool(n, 3, 1), &v, &i);
+  o[0] = to_out(e, n, 0, take(e, v, d, 0, kk));
+  o[1] = to_out(e, n, 1, take(e, i, d, 0, kk));
+}
+
+/* kthvalue(self, k, dim=-1, keepdim): the k-th smallest (1-based). */
+static void r_kthvalue(tp_emit *e, const tp_node *n, tp_val *o) {
+  tp_val x = lw_value(e, n, 0);
+  int64_t kk = lw_int(n, 1, 0);
+  int d = one_dim(e, n, 2, rank_of(e, x));
+  if (em_failed(e)) return;
+  if (d < 0) {
+    int64_t one = 1;
+    x = em_reshape(e, x, 1, &one);
+    d = 0;
+  }
+  if (kk < 1 || kk > em_type(e, x)->dims[d]) {
+    o[0] = em_fail(e, TP_INVALID_ARGUMENT, "kthvalue: k (%" PRId64 ") out of range for dimension %d", kk, d);
+    return;
+  }
+  tp_val v, i;
+  sort_dim(e, n, x, d, 0, &v, &i);
+  o[0] = to_out(e, n, 0, take(e, v, d, kk - 1, 1));
+  o[1] = to_out(e, n, 1, take(e, i, d, kk - 1, 1));
+}
+
 const tp_lower_entry tp_lower_reduce[] = {
+    {"aten::sum", r_sum},
+    {"aten::sum.dim_IntList", r_sum_dim},
+    {"aten::mean", r_mean},
+    {"aten::mean.dim", r_mean_dim},
+    {"aten::prod", r_prod},
+    {"aten::prod.dim_int", r_prod_dim},
+    {"aten::amax", r_amax},
+    {"aten::amin", r_amin},
+    {"aten::max", r_max},
+    {"aten::min", r_min},
+    {"aten::max.dim", r_max_dim},
+    {"aten::min.dim", r_min_dim},
+    {"aten::argmax", r_argmax},
+    {"aten::argmin", r_argmin},
+    {"aten::any", r_any},
+    {"aten::any.dim", r_any_dim},
+    {"aten::any.dims", r_any_dims},
+    {"aten::all", r_all},
+    {"aten::all.dim", r_all_dim},
+    {"aten::all.dims", r_all_dims},
+    {"aten::var.correction", r_var},
+    {"aten::std.correction", r_std},
+    {"aten::var_mean.correction", r_var_mean},
+    {"aten::std_mean.correction", r_std_mean},
+    {"aten::logsumexp", r_logsumexp},
+    {"aten::linalg_vector_norm", r_vector_norm},
+    {"aten::cumsum", r_cumsum},
+    {"aten::cumprod", r_cumprod},
+    {"aten::_softmax", r_softmax},
+    {"aten::_log_softmax", r_log_softmax},
+    {"aten::_softmax_backward_data", r_softmax_bw},
+    {"aten::_log_softmax_backward_data", r_log_softmax_bw},
+    {"aten::mm", r_mm},
+    {"aten::bmm", r_mm},
+    {"aten::mv", r_mm},
+    {"aten::dot", r_mm},
+    {"aten::vdot", r_vdot},
+    {"aten::addmm", r_addmm},
+    {"aten::baddbmm", r_addmm},
+    {"aten::addmv", r_addmm},
+    {"aten::addbmm", r_addbmm},
+    {"aten::_addmm_activation", r_addmm_act},
+    {"aten::sort", r_sort},
+    {"aten::sort.stable", r_sort_stable},
+    {"aten::topk", r_topk},
+    {"aten::kthvalue", r_kthvalue},
     {NULL, NULL},
 };

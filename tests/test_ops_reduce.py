@@ -1,0 +1,447 @@
+"""Reductions, scans, softmax, matrix products and sorting (csrc/core/lower_reduce.c):
+"tpu" against PyTorch on the CPU, forward and, where the op is differentiable,
+backward."""
+import math
+
+import pytest
+import torch
+
+import torch_pjrt  # noqa: F401
+from torch_pjrt import _C
+from util import check
+
+A = torch.ops.aten
+NAN, INF = float("nan"), float("inf")
+
+LOWERED = [
+    "aten::sum", "aten::sum.dim_IntList", "aten::mean", "aten::mean.dim", "aten::prod", "aten::prod.dim_int",
+    "aten::amax", "aten::amin", "aten::max", "aten::min", "aten::max.dim", "aten::min.dim", "aten::argmax",
+    "aten::argmin", "aten::any", "aten::any.dim", "aten::any.dims", "aten::all", "aten::all.dim", "aten::all.dims",
+    "aten::var.correction", "aten::std.correction", "aten::var_mean.correction", "aten::std_mean.correction",
+    "aten::logsumexp", "aten::linalg_vector_norm", "aten::cumsum", "aten::cumprod", "aten::_softmax",
+    "aten::_log_softmax", "aten::_softmax_backward_data", "aten::_log_softmax_backward_data", "aten::mm",
+    "aten::bmm", "aten::mv", "aten::dot", "aten::vdot", "aten::addmm", "aten::baddbmm", "aten::addmv",
+    "aten::addbmm", "aten::_addmm_activation", "aten::sort", "aten::sort.stable", "aten::topk", "aten::kthvalue",
+]
+
+
+def randn(*shape, dtype=torch.float32, grad=False, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(*shape, generator=g).to(dtype)
+    return x.requires_grad_(grad)
+
+
+def randint(*shape, lo=-5, hi=6, dtype=torch.int64, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(lo, hi, shape, generator=g).to(dtype)
+
+
+def test_rules_are_registered():
+    # A misspelt name would silently fall back to a Python decomposition.
+    missing = [name for name in LOWERED if not _C.has_lowering(name)]
+    assert not missing
+
+
+def test_lowering_runs_not_decomposition():
+    from torch_pjrt import _dispatch
+    for op in [A.sum.dim_IntList, A.max.dim, A._softmax.default, A.mm.default, A.cumsum.default,
+               A.linalg_vector_norm.default]:
+        assert _dispatch._handler(op).lowering is not None
+
+
+# ---- sum / mean / prod ----------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dim,keepdim", [(None, False), (0, False), (-1, True), ((0, 2), False), ((-1, 0), True),
+                                         ((), False), ((), True)])
+def test_sum_mean(dtype, dim, keepdim):
+    x = randn(3, 4, 5, dtype=dtype, grad=True)
+    if dim is None:
+        check(lambda t: t.sum(), x, grad=True)
+        check(lambda t: t.mean(), x, grad=True)
+        return
+    check(lambda t: t.sum(dim, keepdim=keepdim), x, grad=True)
+    check(lambda t: t.mean(dim, keepdim=keepdim), x, grad=True)
+
+
+def test_sum_noncontiguous():
+    x = randn(6, 5, grad=True)
+    check(lambda t: t.t().sum(0), x, grad=True)
+    check(lambda t: t[::2, 1:].sum(1, keepdim=True), x, grad=True)
+    check(lambda t: t.t()[1:3].mean(-1), x, grad=True)
+    check(lambda t: t.expand(2, 6, 5).sum((0, 2)), x, grad=True)
+
+
+def test_sum_dtypes():
+    check(lambda t: t.sum(), randint(4, 5))
+    check(lambda t: t.sum(1), randint(4, 5, dtype=torch.int32))  # int32 sums in int64
+    check(lambda t: t.sum(0), randint(4, 5, lo=0, hi=2, dtype=torch.bool))
+    check(lambda t: t.sum(), randint(30, lo=0, hi=255, dtype=torch.uint8))  # exceeds 255: promoted
+    check(lambda t: t.sum(1, dtype=torch.float64), randn(3, 4))
+    check(lambda t: t.sum(dtype=torch.float32), randint(3, 4))
+    check(lambda t: t.mean(0, dtype=torch.float64), randn(3, 4))
+    big = torch.tensor([2**40 + 1, 2**40 + 3, -7], dtype=torch.int64)
+    check(lambda t: t.sum(), big)  # exact
+    check(lambda t: t.sum(), randn(1000, seed=3, dtype=torch.float64))
+
+
+def test_sum_empty_and_scalar():
+    check(lambda t: t.sum(), torch.zeros(0))
+    check(lambda t: t.sum(0), torch.zeros(0, 3))
+    check(lambda t: t.sum(1), torch.zeros(0, 3))
+    check(lambda t: t.sum(0, keepdim=True), torch.zeros(0, 3))
+    check(lambda t: t.mean(0), torch.zeros(0, 3))  # nan
+    check(lambda t: t.prod(0), torch.zeros(0, 3))  # ones
+    check(lambda t: t.prod(), torch.zeros(0, dtype=torch.int64))
+    s = torch.tensor(2.5, requires_grad=True)
+    check(lambda t: t.sum(), s, grad=True)
+    check(lambda t: t.sum(0, keepdim=True), s, grad=True)
+    check(lambda t: t.mean(-1), s, grad=True)
+    check(lambda t: t.prod(0), s)
+
+
+def test_sum_nan_inf():
+    x = torch.tensor([[1.0, NAN, 2.0], [INF, 1.0, -1.0], [INF, -INF, 0.0]])
+    check(lambda t: t.sum(1), x)
+    check(lambda t: t.mean(0), x)
+    check(lambda t: t.prod(1), x)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64, torch.int32])
+def test_prod(dtype):
+    x = (randn(3, 4, seed=1) + 1.5).to(dtype) if dtype.is_floating_point else randint(3, 4, lo=-3, hi=4, dtype=dtype)
+    check(lambda t: t.prod(), x)
+    check(lambda t: t.prod(1), x)
+    check(lambda t: t.prod(-2, keepdim=True), x)
+    check(lambda t: t.prod(0, dtype=torch.float64), x)
+
+
+def test_prod_grad():
+    x = randn(3, 4, seed=1, grad=True)
+    check(lambda t: t.prod(1), x, grad=True)
+
+
+# ---- max / min family -------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64, torch.int8, torch.uint8, torch.bool])
+def test_amax_amin(dtype):
+    x = randn(4, 5, 3).to(dtype) if dtype.is_floating_point else randint(4, 5, 3, lo=0 if dtype in (
+        torch.uint8, torch.bool) else -100, hi=2 if dtype == torch.bool else 100, dtype=dtype)
+    for f in [lambda t: t.amax(), lambda t: t.amin(), lambda t: t.amax(1), lambda t: t.amin((0, -1), keepdim=True),
+              lambda t: t.max(), lambda t: t.min()]:
+        check(f, x)
+
+
+def test_amax_grad_and_nan():
+    check(lambda t: t.amax(1), randn(4, 5, grad=True), grad=True)
+    check(lambda t: t.amin((0, 1)), randn(4, 5, grad=True), grad=True)
+    check(lambda t: t.max(), randn(4, 5, grad=True), grad=True)
+    x = torch.tensor([[1.0, NAN, 3.0], [INF, 2.0, -INF], [-INF, -INF, -INF]])
+    for f in [lambda t: t.amax(1), lambda t: t.amin(1), lambda t: t.amax(0), lambda t: t.max(), lambda t: t.min()]:
+        check(f, x)
+    check(lambda t: t.amax(1), torch.zeros(0, 3))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int32, torch.bool])
+def test_max_min_dim(dtype):
+    if dtype.is_floating_point:
+        x = randn(4, 6, 5).to(dtype)
+    else:
+        x = randint(4, 6, 5, lo=0, hi=2 if dtype == torch.bool else 3, dtype=dtype)  # many ties
+    for d in [0, 1, -1]:
+        for kd in [False, True]:
+            check(lambda t: t.max(d, keepdim=kd), x)
+            check(lambda t: t.min(d, keepdim=kd), x)
+            if dtype != torch.bool:  # PyTorch: argmax does not support bool
+                check(lambda t: t.argmax(d, keepdim=kd), x)
+                check(lambda t: t.argmin(d, keepdim=kd), x)
+    if dtype != torch.bool:
+        check(lambda t: t.argmax(), x)
+        check(lambda t: t.argmin(), x)
+        check(lambda t: A.argmax(t, None, True), x)
+
+
+def test_max_dim_ties_nan_grad():
+    x = torch.tensor([[1.0, 3.0, 3.0, 0.0], [NAN, 1.0, NAN, 2.0], [2.0, 2.0, 2.0, 2.0], [-INF, -INF, 1.0, NAN]])
+    check(lambda t: t.max(1), x)
+    check(lambda t: t.min(1), x)
+    check(lambda t: t.argmax(1), x)
+    check(lambda t: t.argmin(0), x)
+    check(lambda t: t.argmax(), x)
+    check(lambda t: t.max(1)[0], randn(4, 5, grad=True), grad=True)
+    check(lambda t: t.min(0, keepdim=True)[0], randn(4, 5, grad=True), grad=True)
+    check(lambda t: t.t().max(1), randn(4, 5))  # non-contiguous
+    s = torch.tensor(1.5)
+    check(lambda t: t.max(0), s)
+    check(lambda t: t.argmax(0), s)
+    check(lambda t: t.argmin(), s)
+    check(lambda t: t.max(1), torch.zeros(0, 4))  # empty output
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.uint8, torch.bool])
+def test_any_all(dtype):
+    x = randint(3, 4, 5, lo=0, hi=2, dtype=dtype)
+    x[0] = 1
+    x[1] = 0
+    for f in [lambda t: t.any(), lambda t: t.all(), lambda t: t.any(1), lambda t: t.all(-1, keepdim=True),
+              lambda t: A.any.dims(t, [0, 2]), lambda t: A.all.dims(t, [0, 2], True), lambda t: A.any.dims(t, None),
+              lambda t: A.all.dims(t, []), lambda t: t.all(0)]:
+        check(f, x)
+    y = torch.tensor([[NAN, 0.0], [0.0, 0.0]])
+    check(lambda t: t.any(1), y)
+    check(lambda t: t.all(), torch.zeros(0))
+    check(lambda t: t.any(), torch.zeros(0))
+    check(lambda t: t.all(1), torch.zeros(3, 0))
+
+
+# ---- var / std -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+@pytest.mark.parametrize("dim,keepdim", [(None, False), (1, False), ((0, -1), True), (-1, True)])
+def test_var_std(dtype, dim, keepdim):
+    x = (randn(4, 5, 6, seed=2) * 3 + 10).to(dtype).requires_grad_()
+    grad = dtype != torch.float64
+    check(lambda t: torch.var(t, dim, keepdim=keepdim), x, grad=grad)
+    check(lambda t: torch.std(t, dim, keepdim=keepdim), x, grad=grad)
+    check(lambda t: torch.var(t, dim, correction=0, keepdim=keepdim), x, grad=grad)
+    check(lambda t: torch.std(t, dim, correction=2, keepdim=keepdim), x, grad=grad)
+    check(lambda t: torch.var_mean(t, dim, keepdim=keepdim), x, grad=grad)
+    check(lambda t: torch.std_mean(t, dim, correction=0, keepdim=keepdim), x, grad=grad)
+
+
+def test_var_edge():
+    check(lambda t: torch.var(t), torch.tensor([1.0]))  # 0/0: nan
+    check(lambda t: torch.var(t, correction=3), torch.tensor([1.0, 2.0]))  # divisor clamps to 0: inf
+    check(lambda t: torch.var(t, 0), torch.zeros(0, 3))
+    check(lambda t: torch.std(t, 1), torch.tensor([[1.0, NAN], [1.0, INF]]))
+    check(lambda t: torch.var(t.t(), 0), randn(5, 4))
+    check(lambda t: torch.var(t, unbiased=False), randn(7))
+
+
+# ---- logsumexp / norms ---------------------------------------------------------------------
+
+def test_logsumexp():
+    x = randn(4, 5, 3, grad=True) * 20
+    x = x.detach().requires_grad_()
+    check(lambda t: t.logsumexp(1), x, grad=True)
+    check(lambda t: t.logsumexp((0, 2), keepdim=True), x, grad=True)
+    check(lambda t: t.logsumexp(-1), randn(4, 5, dtype=torch.bfloat16))
+    y = torch.tensor([[-INF, -INF], [INF, 1.0], [NAN, 1.0], [1000.0, 1000.0]])
+    check(lambda t: t.logsumexp(1), y)
+    check(lambda t: t.logsumexp(0), torch.zeros(0, 3))  # -inf
+    check(lambda t: t.logsumexp(1), randint(3, 4))  # ints give float
+
+
+@pytest.mark.parametrize("ord", [2, 1, INF, -INF, 0, 3, 0.5, -1.5, 2.0])
+def test_vector_norm(ord):
+    x = randn(4, 5, 6, seed=4)
+    x[0, 0] = 0.0
+    check(lambda t: torch.linalg.vector_norm(t, ord), x)
+    check(lambda t: torch.linalg.vector_norm(t, ord, dim=1), x)
+    check(lambda t: torch.linalg.vector_norm(t, ord, dim=(0, -1), keepdim=True), x)
+    check(lambda t: torch.linalg.vector_norm(t, ord, dim=-1, dtype=torch.float64), x)
+    check(lambda t: torch.linalg.vector_norm(t, ord, dim=1), x.to(torch.bfloat16))
+    check(lambda t: torch.linalg.vector_norm(t.t(), ord, dim=0), x[0])
+
+
+def test_vector_norm_grad_nan():
+    check(lambda t: torch.linalg.vector_norm(t), randn(3, 4, grad=True), grad=True)
+    check(lambda t: torch.linalg.vector_norm(t, 1, dim=1), randn(3, 4, grad=True), grad=True)
+    check(lambda t: t.norm(dim=0), randn(3, 4, grad=True), grad=True)
+    y = torch.tensor([[1.0, NAN], [INF, 1.0], [0.0, 0.0]])
+    for o in [2, 1, INF, -INF, 0, 3]:
+        check(lambda t: torch.linalg.vector_norm(t, o, dim=1), y)
+    check(lambda t: torch.linalg.vector_norm(t, 2, dim=0), torch.zeros(0, 3))
+
+
+# ---- scans -------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64, torch.int32, torch.bool])
+def test_cumsum_cumprod(dtype):
+    if dtype.is_floating_point:
+        x = randn(5, 7, 3).to(dtype)
+    else:
+        x = randint(5, 7, 3, lo=-3 if dtype != torch.bool else 0, hi=4 if dtype != torch.bool else 2, dtype=dtype)
+    for d in [0, 1, -1]:
+        check(lambda t: t.cumsum(d), x)
+        check(lambda t: t.cumprod(d), x)
+    check(lambda t: t.cumsum(1, dtype=torch.float64), x)
+    check(lambda t: t.t().cumsum(0) if t.dim() == 2 else t.transpose(0, 2).cumsum(0), x)
+
+
+def test_cumsum_exact_and_long():
+    big = torch.tensor([2**53 + 1, 1, 2**40, -(2**53), 3, 5] * 11, dtype=torch.int64)
+    check(lambda t: t.cumsum(0), big)  # exact where float64 would not be
+    check(lambda t: t.cumprod(0), torch.tensor([3, -2, 5, 7, 11, 13, 17, 19, 23, 29], dtype=torch.int64))
+    check(lambda t: t.cumsum(0), randn(3000, seed=5))
+    check(lambda t: t.cumsum(1), randn(3, 1))
+    check(lambda t: t.cumsum(0), torch.zeros(0, 3))
+    check(lambda t: t.cumsum(0), torch.tensor(2.0))
+    check(lambda t: t.cumprod(-1), torch.tensor([[1.0, NAN, 2.0], [INF, 0.0, 1.0]]))
+
+
+def test_cumsum_grad():
+    check(lambda t: t.cumsum(1), randn(4, 6, grad=True), grad=True)
+    check(lambda t: t.cumprod(0), (randn(4, 3, seed=2) + 2).requires_grad_(), grad=True)
+
+
+# ---- softmax -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dim", [0, 1, -1])
+def test_softmax(dtype, dim):
+    x = (randn(4, 5, 6, seed=6) * 5).to(dtype).requires_grad_()
+    check(lambda t: torch.softmax(t, dim), x, grad=True)
+    check(lambda t: torch.log_softmax(t, dim), x, grad=True)
+    check(lambda t: torch.softmax(t, dim, dtype=torch.float32), x, grad=True)
+    check(lambda t: torch.log_softmax(t, dim, dtype=torch.float32), x, grad=True)
+
+
+def test_softmax_edge():
+    x = torch.tensor([[1000.0, 1000.0, -1000.0], [-INF, 0.0, -INF], [-INF, -INF, -INF], [NAN, 1.0, 2.0]])
+    check(lambda t: torch.softmax(t, 1), x)
+    check(lambda t: torch.log_softmax(t, 1), x)
+    check(lambda t: torch.softmax(t, 0), torch.tensor(3.0))
+    check(lambda t: torch.log_softmax(t, 0), torch.tensor(3.0))
+    check(lambda t: torch.softmax(t, 1), torch.zeros(0, 4))
+    check(lambda t: torch.softmax(t.t(), 1), randn(5, 4, grad=True), grad=True)
+    # half_to_float (CUDA-only in PyTorch): a float32 result from a half input
+    xb = randn(3, 4, dtype=torch.bfloat16)
+    r = A._softmax(xb.to("tpu"), 1, True)
+    assert r.dtype == torch.float32
+    torch.testing.assert_close(r.cpu(), torch.softmax(xb.float(), 1), rtol=1e-5, atol=1e-6)
+    xh = randn(3, 4, dtype=torch.float16)
+    r = A._log_softmax(xh.to("tpu"), 0, True)
+    assert r.dtype == torch.float32
+    torch.testing.assert_close(r.cpu(), torch.log_softmax(xh.float(), 0), rtol=1e-5, atol=1e-6)
+
+
+def test_softmax_backward_data():
+    g, y = randn(3, 4, 5, seed=1), torch.softmax(randn(3, 4, 5, seed=2), 1)
+    check(lambda a, b: A._softmax_backward_data(a, b, 1, torch.float32), g, y)
+    check(lambda a, b: A._log_softmax_backward_data(a, b.log(), -1, torch.float32), g, y)
+    gb, yb = g.to(torch.bfloat16), y.to(torch.bfloat16)
+    check(lambda a, b: A._softmax_backward_data(a, b, 0, torch.bfloat16), gb, yb)
+    check(lambda a, b: A._log_softmax_backward_data(a, b, 2, torch.bfloat16), gb, yb)
+
+
+# ---- matrix products ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_mm_family(dtype):
+    def r(*s, seed=0):
+        return randn(*s, seed=seed, dtype=dtype, grad=True)
+    check(lambda a, b: a @ b, r(5, 7), r(7, 3, seed=1), grad=True)
+    check(lambda a, b: torch.mm(a.t(), b), r(7, 5), r(7, 3, seed=1), grad=True)
+    check(lambda a, b: torch.bmm(a, b), r(2, 5, 7), r(2, 7, 3, seed=1), grad=True)
+    check(lambda a, b: a @ b, r(2, 4, 5, 7), r(7, 3, seed=1), grad=True)  # matmul -> mm/bmm
+    check(lambda a, b: torch.mv(a, b), r(5, 7), r(7, seed=1), grad=True)
+    check(lambda a, b: torch.dot(a, b), r(7), r(7, seed=1), grad=True)
+    check(lambda a, b: torch.vdot(a, b), r(7), r(7, seed=1))
+    check(lambda c, a, b: torch.addmm(c, a, b), r(5, 3, seed=2), r(5, 7), r(7, 3, seed=1), grad=True)
+    check(lambda c, a, b: torch.addmm(c, a, b, beta=0.5, alpha=-2), r(3, seed=2), r(5, 7), r(7, 3, seed=1), grad=True)
+    check(lambda c, a, b: torch.baddbmm(c, a, b, beta=2, alpha=0.25), r(2, 1, 3, seed=2), r(2, 5, 7),
+          r(2, 7, 3, seed=1), grad=True)
+    check(lambda c, a, b: torch.addbmm(c, a, b, alpha=3), r(5, 3, seed=2), r(2, 5, 7), r(2, 7, 3, seed=1))
+    check(lambda c, a, b: torch.addmv(c, a, b, beta=-1), r(5, seed=2), r(5, 7), r(7, seed=1))
+    check(lambda c, a, b: A._addmm_activation(c, a, b), r(3, seed=2), r(5, 7), r(7, 3, seed=1))
+    check(lambda c, a, b: A._addmm_activation(c, a, b, use_gelu=True), r(3, seed=2), r(5, 7), r(7, 3, seed=1))
+    check(lambda a, b: torch.nn.functional.linear(a, b), r(4, 7), r(3, 7, seed=1), grad=True)
+
+
+def test_mm_precision():
+    # Accumulation must be full f32 (HIGHEST): a long dot of bf16-unfriendly values.
+    a, b = randn(64, 512, seed=1), randn(512, 32, seed=2)
+    check(lambda x, y: x @ y, a, b, rtol=1e-5, atol=1e-4)
+    check(lambda x, y: x @ y, a.double(), b.double())
+
+
+def test_mm_ints_and_edge():
+    a, b = randint(4, 5, lo=-1000, hi=1000), randint(5, 3, lo=-1000, hi=1000, seed=1)
+    check(lambda x, y: x @ y, a, b)
+    check(lambda x, y: x @ y, a.int(), b.int())
+    check(lambda c, x, y: torch.addmm(c, x, y, beta=2, alpha=3), randint(3), a, b)
+    check(lambda x, y: torch.dot(x, y), randint(9), randint(9, seed=1))
+    check(lambda x, y: x @ y, torch.zeros(3, 0), torch.zeros(0, 4))  # zeros
+    check(lambda x, y: x @ y, torch.zeros(0, 3), torch.zeros(3, 4))
+    check(lambda x, y: torch.bmm(x, y), torch.zeros(2, 3, 0), torch.zeros(2, 0, 4))
+    # beta == 0 ignores self (NaN included), alpha == 0 ignores the product
+    nan_c = torch.full((5, 3), NAN)
+    check(lambda c, x, y: torch.addmm(c, x, y, beta=0), nan_c, randn(5, 7), randn(7, 3, seed=1))
+    check(lambda c, x, y: torch.addmm(c, x, y, alpha=0), randn(5, 3), torch.full((5, 7), NAN), randn(7, 3))
+    check(lambda c, x, y: torch.addmv(c, x, y, beta=0), torch.full((5,), NAN), randn(5, 7), randn(7))
+    check(lambda c, x, y: torch.baddbmm(c, x, y, beta=0), torch.full((2, 5, 3), NAN), randn(2, 5, 7),
+          randn(2, 7, 3))
+    check(lambda x, y: x @ y, torch.tensor([[INF, 1.0]]), torch.tensor([[0.0], [1.0]]))  # inf*0 = nan
+    check(lambda x, y: x @ y, randn(6, 4)[::2], randn(8, 3)[1::2])  # strided
+
+
+def test_mm_float64():
+    check(lambda c, a, b: torch.addmm(c, a, b, beta=0.5), randn(3, dtype=torch.float64),
+          randn(5, 7, dtype=torch.float64), randn(7, 3, seed=1, dtype=torch.float64))
+
+
+# ---- sorting ------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64, torch.int16, torch.uint8, torch.bool])
+def test_sort(dtype):
+    if dtype.is_floating_point:
+        x = randn(4, 9, 5).to(dtype)
+    else:
+        x = randint(4, 9, 5, lo=0, hi=2 if dtype == torch.bool else 4, dtype=dtype)  # ties: stable order
+    for d in [0, 1, -1]:
+        for desc in [False, True]:
+            check(lambda t: torch.sort(t, dim=d, descending=desc, stable=True), x)
+            check(lambda t: torch.argsort(t, dim=d, descending=desc, stable=True), x)
+    check(lambda t: t.sort(), x)
+    check(lambda t: t.msort(), x)
+
+
+def test_sort_nan_inf_ties():
+    x = torch.tensor([[3.0, NAN, -INF, 1.0, NAN, INF, 1.0, -0.0, 0.0, 2.0]])
+    for desc in [False, True]:
+        check(lambda t: torch.sort(t, dim=1, descending=desc, stable=True), x)
+    check(lambda t: torch.sort(t, 0), torch.tensor(2.0))
+    check(lambda t: torch.sort(t, 1), torch.zeros(3, 0))
+    check(lambda t: t.t().sort(dim=0, stable=True), randint(5, 6, lo=0, hi=3).float())
+    check(lambda t: torch.sort(t, 1)[0], randn(3, 6, grad=True), grad=True)
+    big = torch.tensor([2**62, -(2**62), 2**62 - 1, 7, -(2**63)], dtype=torch.int64)
+    check(lambda t: torch.sort(t), big)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64])
+def test_topk_kthvalue(dtype):
+    x = torch.randperm(60, generator=torch.Generator().manual_seed(1)).reshape(3, 4, 5).to(dtype)  # no ties
+    for d in [0, 1, -1]:
+        for largest in [True, False]:
+            check(lambda t: torch.topk(t, 2, d, largest=largest), x)
+        check(lambda t: torch.kthvalue(t, 2, d), x)
+        check(lambda t: torch.kthvalue(t, 1, d, keepdim=True), x)
+    check(lambda t: torch.topk(t, 0), x)
+    check(lambda t: torch.topk(t, 5), x)
+
+
+def test_topk_nan_grad():
+    check(lambda t: torch.topk(t, 2), torch.tensor([1.0, NAN, 3.0, -INF]))
+    check(lambda t: torch.topk(t, 3, largest=False), torch.tensor([1.0, NAN, 3.0, -INF]))
+    check(lambda t: torch.topk(t, 3)[0], randn(4, 7, grad=True), grad=True)
+    check(lambda t: torch.kthvalue(t, 3, 1)[0], randn(4, 7, grad=True), grad=True)
+    v, i = torch.topk(randn(2, 50000).to("tpu"), 5)  # a vocabulary-sized row
+    ev, ei = torch.topk(randn(2, 50000), 5)
+    assert torch.equal(v.cpu(), ev) and torch.equal(i.cpu(), ei)
+
+
+# ---- a small model step ------------------------------------------------------------------------------
+
+def test_classifier_step():
+    """linear -> log_softmax -> nll-like loss, with gradients through mm, sum and softmax."""
+    w = randn(10, 6, grad=True, seed=1)
+    x = randn(8, 6, seed=2)
+    tgt = torch.nn.functional.one_hot(torch.arange(8) % 10, 10).float()
+
+    def f(w, x, tgt):
+        logits = x @ w.t()
+        return -(torch.log_softmax(logits, -1) * tgt).sum(-1).mean()
+
+    check(f, w, x, tgt, grad=True)
+    assert math.isfinite(float(f(w.detach().to("tpu"), x.to("tpu"), tgt.to("tpu")).cpu()))

@@ -1,6 +1,1335 @@
-/* lower_shape.c - lowering rules (see lower.h). */
+/* lower_shape.c - ops that compute new tensors from indices and shapes:
+ * concatenation, padding, flips and rolls, triangles, gathers and scatters
+ * (index_select, gather, scatter*, advanced indexing and index_put,
+ * index_add/copy/fill, masked_scatter, take/put, embedding backward), the
+ * *_scatter ops functionalization and view backward use, and the range
+ * factories (arange, linspace, eye).
+ *
+ * Views (view, slice, select, permute, expand, ...) never reach this file:
+ * they are metadata in the glue, materialised by the engine.
+ *
+ * Gathers use stablehlo.gather with whole-slice windows (a row gather for
+ * index_select / embedding / advanced indexing, a point gather for
+ * torch.gather).  Scatters use em_scatter_flat on the flattened operand with
+ * linear element indices: an index outside its dimension turns into an
+ * out-of-range linear index, which XLA's scatter drops.
+ *
+ * Out-of-range indices: PyTorch raises an IndexError on CPU.  A program
+ * cannot check data, so here gathers CLAMP each index into its dimension
+ * (XLA's gather semantics) and scatters DROP out-of-range updates; negative
+ * indices wrap where PyTorch allows them (advanced indexing, index_put,
+ * index_fill, take, put, select_scatter). */
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
 #include "lower_util.h"
 
+#define OUT0 (&n->outs[0])
+
+/* ---- small helpers ----------------------------------------------------------------- */
+
+static tp_val add(tp_emit *e, tp_val a, tp_val b) { return em_binary(e, "stablehlo.add", a, b); }
+static tp_val sub(tp_emit *e, tp_val a, tp_val b) { return em_binary(e, "stablehlo.subtract", a, b); }
+static tp_val mul(tp_emit *e, tp_val a, tp_val b) { return em_binary(e, "stablehlo.multiply", a, b); }
+static tp_val k_like(tp_emit *e, tp_val like, double v) { return lw_full_like(e, like, v); }
+
+/* Splat of an exact integer shaped like `like`. */
+static tp_val ki_like(tp_emit *e, tp_val like, int64_t v) {
+  const tp_type *t = em_type(e, like);
+  tp_type tt = *t;
+  return em_bcast_in_dim(e, em_const_i(e, v, t->dt), &tt, NULL);
+}
+
+static tp_val to_i64(tp_emit *e, tp_val v) { return em_convert(e, v, TP_I64); }
+
+static tp_val iota_i64(tp_emit *e, int rank, const int64_t *dims, int dim) {
+  tp_type t = tp_type_make(TP_I64, rank, dims);
+  return em_iota(e, &t, dim);
+}
+
+static tp_val flatten(tp_emit *e, tp_val x) {
+  int64_t nel = tp_type_numel(em_type(e, x));
+  return em_reshape(e, x, 1, &nel);
+}
+
+static tp_val reshape_to(tp_emit *e, tp_val x, const tp_type *t) { return em_reshape(e, x, t->rank, t->dims); }
+
+/* idx < 0 ? idx + size : idx (i64). */
+static tp_val wrap_neg(tp_emit *e, tp_val idx, int64_t size) {
+  tp_val z = ki_like(e, idx, 0);
+  return em_select(e, em_compare(e, "LT", idx, z), add(e, idx, ki_like(e, idx, size)), idx);
+}
+
+/* broadcast_in_dim that accepts an unsorted dimension map: transposes x
+ * first so the map is increasing (XLA wants it so). */
+static tp_val bcast_map(tp_emit *e, tp_val x, const tp_type *out, const int64_t *map) {
+  if (em_failed(e)) return -1;
+  const tp_type *s = em_type(e, x);
+  int r = s->rank;
+  int sorted = 1;
+  for (int i = 1; i < r; i++) sorted &= map[i] > map[i - 1];
+  if (sorted) return em_bcast_in_dim(e, x, out, map);
+  int64_t perm[TP_MAX_RANK], m2[TP_MAX_RANK];
+  for (int i = 0; i < r; i++) perm[i] = i;
+  for (int i = 1; i < r; i++) /* insertion sort of perm by map */
+    for (int j = i; j > 0 && map[perm[j]] < map[perm[j - 1]]; j--) {
+      int64_t t = perm[j];
+      perm[j] = perm[j - 1];
+      perm[j - 1] = t;
+    }
+  for (int i = 0; i < r; i++) m2[i] = map[perm[i]];
+  return em_bcast_in_dim(e, em_transpose(e, x, perm), out, m2);
+}
+
+/* Smallest (hi=0) or largest (hi=1) value of dt, as a rank-0 constant. */
+static tp_val dt_limit(tp_emit *e, tp_dtype dt, int hi) {
+  if (tp_dtype_is_float(dt)) return em_const(e, hi ? INFINITY : -INFINITY, dt);
+  int64_t lo = 0, up = 0;
+  switch (dt) {
+    case TP_I8: lo = INT8_MIN, up = INT8_MAX; break;
+    case TP_I16: lo = INT16_MIN, up = INT16_MAX; break;
+    case TP_I32: lo = INT32_MIN, up = INT32_MAX; break;
+    case TP_I64: lo = INT64_MIN, up = INT64_MAX; break;
+    case TP_U8: up = UINT8_MAX; break;
+    case TP_U16: up = UINT16_MAX; break;
+    case TP_U32: up = UINT32_MAX; break;
+    case TP_U64: up = -1; break; /* all ones */
+    case TP_BOOL: up = 1; break;
+    default: break;
+  }
+  return em_const_i(e, hi ? up : lo, dt);
+}
+
+static size_t put_list(char *buf, size_t cap, size_t k, const int64_t *v, int nv) {
+  if (k >= cap) return k;
+  k += (size_t)snprintf(buf + k, cap - k, "[");
+  for (int i = 0; i < nv && k < cap; i++) k += (size_t)snprintf(buf + k, cap - k, "%s%" PRId64, i ? ", " : "", v[i]);
+  if (k < cap) k += (size_t)snprintf(buf + k, cap - k, "]");
+  return k;
+}
+
+/* Rank guard: a rule about to build a value of rank `r`. */
+static int rank_ok(tp_emit *e, const tp_node *n, int r) {
+  if (r <= TP_MAX_RANK) return 1;
+  em_fail(e, TP_INVALID_ARGUMENT, "%s: needs a tensor of rank %d; tpu supports at most %d dimensions", n->op, r,
+          TP_MAX_RANK);
+  return 0;
+}
+
+/* ---- gather ------------------------------------------------------------------------------ */
+
+/* x gathered at an index-vector tensor `idx` of shape B + [m] (i64): entry j of
+ * each vector indexes operand dim dims[j]; the other dims of x are taken
+ * whole.  The result has x's other dims in order, with B inserted before the
+ * batch_pos-th of them.  Indices are clamped into range (XLA semantics). */
+static tp_val gather_nd(tp_emit *e, const tp_node *n, tp_val x, tp_val idx, const int *dims, int m, int batch_pos) {
+  if (em_failed(e)) return -1;
+  tp_type xt = *em_type(e, x), it = *em_type(e, idx);
+  int r = xt.rank, nb = it.rank - 1;
+  if (nb < 0 || it.dims[nb] != m) return em_fail(e, TP_INTERNAL, "%s: malformed gather indices", n->op);
+  if (!rank_ok(e, n, r - m + nb)) return -1;
+  int isidx[TP_MAX_RANK] = {0};
+  int64_t bnumel = 1;
+  for (int i = 0; i < nb; i++) bnumel *= it.dims[i];
+  for (int j = 0; j < m; j++) {
+    isidx[dims[j]] = 1;
+    if (xt.dims[dims[j]] == 0 && bnumel > 0)
+      return em_fail(e, TP_OUT_OF_RANGE, "%s: index is out of bounds for dimension %d with size 0", n->op, dims[j]);
+  }
+  tp_type ot = tp_type_make(xt.dt, 0, NULL);
+  int64_t offset_dims[TP_MAX_RANK], collapsed[TP_MAX_RANK], smap[TP_MAX_RANK], sizes[TP_MAX_RANK];
+  int noff = 0, ncol = 0, k = 0, bdone = 0;
+  for (int d = 0; d < r; d++) {
+    sizes[d] = isidx[d] ? 1 : xt.dims[d];
+    if (isidx[d]) {
+      collapsed[ncol++] = d;
+      continue;
+    }
+    if (k == batch_pos) {
+      for (int i = 0; i < nb; i++) ot.dims[ot.rank++] = it.dims[i];
+      bdone = 1;
+    }
+    offset_dims[noff++] = ot.rank;
+    ot.dims[ot.rank++] = xt.dims[d];
+    k++;
+  }
+  if (!bdone)
+    for (int i = 0; i < nb; i++) ot.dims[ot.rank++] = it.dims[i];
+  for (int j = 0; j < m; j++) smap[j] = dims[j];
+  char attrs[2048];
+  size_t q = (size_t)snprintf(attrs, sizeof attrs, "dimension_numbers = #stablehlo.gather<");
+  if (noff) {
+    q += (size_t)snprintf(attrs + q, sizeof attrs - q, "offset_dims = ");
+    q = put_list(attrs, sizeof attrs, q, offset_dims, noff);
+    q += (size_t)snprintf(attrs + q, sizeof attrs - q, ", ");
+  }
+  q += (size_t)snprintf(attrs + q, sizeof attrs - q, "collapsed_slice_dims = ");
+  q = put_list(attrs, sizeof attrs, q, collapsed, ncol);
+  q += (size_t)snprintf(attrs + q, sizeof attrs - q, ", start_index_map = ");
+  q = put_list(attrs, sizeof attrs, q, smap, m);
+  q += (size_t)snprintf(attrs + q, sizeof attrs - q, ", index_vector_dim = %d>, slice_sizes = array<i64", nb);
+  for (int d = 0; d < r && q < sizeof attrs; d++)
+    q += (size_t)snprintf(attrs + q, sizeof attrs - q, "%s%" PRId64, d ? ", " : ": ", sizes[d]);
+  if (q < sizeof attrs) snprintf(attrs + q, sizeof attrs - q, ">, indices_are_sorted = false");
+  tp_val in[2] = {x, idx};
+  return em_op(e, "stablehlo.gather", attrs, in, 2, &ot);
+}
+
+/* Stack same-shaped i64 index tensors into an index-vector tensor S + [k]. */
+static tp_val stack_last(tp_emit *e, const tp_node *n, const tp_val *v, int k) {
+  if (em_failed(e)) return -1;
+  tp_type t = *em_type(e, v[0]);
+  if (!rank_ok(e, n, t.rank + 1)) return -1;
+  t.dims[t.rank++] = 1;
+  tp_val parts[TP_MAX_RANK];
+  for (int i = 0; i < k; i++) parts[i] = em_reshape(e, v[i], t.rank, t.dims);
+  return em_concat(e, parts, k, t.rank - 1);
+}
+
+/* ---- scatter ----------------------------------------------------------------------------- */
+
+/* Linear element index into a tensor of `dims` from per-dim coordinates (i64
+ * values of one shape).  Where a checked coordinate is outside its dim the
+ * result is numel (out of range: a scatter drops it). */
+static tp_val linearize(tp_emit *e, const tp_val *coord, const int *check, int r, const int64_t *dims) {
+  if (em_failed(e)) return -1;
+  int64_t total = 1;
+  for (int d = 0; d < r; d++) total *= dims[d];
+  tp_val lin = -1, valid = -1;
+  int64_t stride = 1;
+  for (int d = r - 1; d >= 0; d--) {
+    tp_val c = coord[d];
+    tp_val term = stride == 1 ? c : mul(e, c, ki_like(e, c, stride));
+    lin = lin < 0 ? term : add(e, lin, term);
+    if (check[d]) {
+      tp_val ok = em_binary(e, "stablehlo.and", em_compare(e, "GE", c, ki_like(e, c, 0)),
+                            em_compare(e, "LT", c, ki_like(e, c, dims[d])));
+      valid = valid < 0 ? ok : em_binary(e, "stablehlo.and", valid, ok);
+    }
+    stride *= dims[d];
+  }
+  if (valid >= 0) lin = em_select(e, valid, lin, ki_like(e, lin, total));
+  return lin;
+}
+
+typedef enum { RED_REPLACE, RED_SUM, RED_PROD, RED_MEAN, RED_AMAX, RED_AMIN, RED_BAD } red_kind;
+
+static red_kind parse_reduce(const char *s) {
+  if (!s) return RED_BAD;
+  if (!strcmp(s, "sum") || !strcmp(s, "add")) return RED_SUM;
+  if (!strcmp(s, "prod") || !strcmp(s, "multiply")) return RED_PROD;
+  if (!strcmp(s, "mean")) return RED_MEAN;
+  if (!strcmp(s, "amax")) return RED_AMAX;
+  if (!strcmp(s, "amin")) return RED_AMIN;
+  return RED_BAD;
+}
+
+/* x (any shape) with updates `upd` combined into the elements at linear
+ * indices `lin` (same shape as upd), like PyTorch's scatter_reduce:
+ * include_self=0 first resets every targeted element to the reduction's
+ * identity; MEAN divides by the number of contributions (floor division for
+ * integers).  Arithmetic runs in opmath (bool in i32). */
+static tp_val scatter_core(tp_emit *e, tp_val x, tp_val lin, tp_val upd, red_kind red, int include_self) {
+  if (em_failed(e)) return -1;
+  tp_type xt = *em_type(e, x);
+  int64_t nel = tp_type_numel(&xt), kk = tp_type_numel(em_type(e, lin));
+  if (kk == 0) return x;
+  tp_dtype dt = xt.dt;
+  tp_dtype cdt = red == RED_REPLACE ? dt : dt == TP_BOOL ? TP_I32 : lw_opmath(dt);
+  tp_val xf = em_reshape(e, em_convert(e, x, cdt), 1, &nel);
+  tp_val lf = em_reshape(e, lin, 1, &kk);
+  tp_val uf = em_reshape(e, em_convert(e, upd, cdt), 1, &kk);
+  tp_val res;
+  if (red == RED_REPLACE) {
+    res = em_scatter_flat(e, xf, lf, uf, NULL);
+  } else {
+    tp_type kt = tp_type_make(cdt, 1, &kk);
+    tp_val ident = red == RED_AMAX ? dt_limit(e, cdt, 0) : red == RED_AMIN ? dt_limit(e, cdt, 1)
+                                                                            : em_const_i(e, red == RED_PROD, cdt);
+    if (!include_self) xf = em_scatter_flat(e, xf, lf, em_bcast_in_dim(e, ident, &kt, NULL), NULL);
+    const char *op = red == RED_PROD ? "stablehlo.multiply"
+                     : red == RED_AMAX ? "stablehlo.maximum"
+                     : red == RED_AMIN ? "stablehlo.minimum"
+                                       : "stablehlo.add";
+    tp_val x0 = xf;
+    res = em_scatter_flat(e, xf, lf, uf, op);
+    if ((red == RED_AMAX || red == RED_AMIN) && tp_dtype_is_float(cdt)) {
+      /* XLA:CPU's scatter drops NaN through a max/min combiner; PyTorch
+       * propagates it.  Scatter-add NaN markers and put NaN back. */
+      tp_val nanu = em_select(e, em_compare(e, "NE", uf, uf), uf, k_like(e, uf, 0));
+      tp_val nanacc = em_scatter_flat(e, em_full(e, 0, em_type(e, xf)), lf, nanu, "stablehlo.add");
+      tp_val isnan = em_compare(e, "NE", nanacc, nanacc);
+      if (include_self) isnan = em_binary(e, "stablehlo.or", isnan, em_compare(e, "NE", x0, x0));
+      res = em_select(e, isnan, k_like(e, res, NAN), res);
+    }
+    if (red == RED_MEAN) {
+      tp_dtype ct = tp_dtype_is_float(cdt) ? cdt : TP_I64;
+      tp_type nt = tp_type_make(ct, 1, &nel), k1 = tp_type_make(ct, 1, &kk);
+      tp_val cnt = em_scatter_flat(e, em_full(e, include_self ? 1 : 0, &nt), lf, em_full(e, 1, &k1), "stablehlo.add");
+      cnt = em_select(e, em_compare(e, "EQ", cnt, k_like(e, cnt, 0)), k_like(e, cnt, 1), cnt);
+      cnt = em_convert(e, cnt, cdt);
+      if (tp_dtype_is_float(cdt)) {
+        res = em_binary(e, "stablehlo.divide", res, cnt);
+      } else { /* floor division by a positive count */
+        tp_val q = em_binary(e, "stablehlo.divide", res, cnt);
+        tp_val rem = sub(e, res, mul(e, q, cnt));
+        res = em_select(e, em_compare(e, "LT", rem, k_like(e, rem, 0)), sub(e, q, k_like(e, q, 1)), q);
+      }
+    }
+  }
+  return em_convert(e, reshape_to(e, res, &xt), dt);
+}
+
+/* ---- cat / stack --------------------------------------------------------------------------- */
+
+static void r_cat(tp_emit *e, const tp_node *n, tp_val *o) {
+  const tp_arg *L = lw_arg(n, 0);
+  if (L->kind != TP_ARG_TENSORS) {
+    o[0] = em_fail(e, TP_INVALID_ARGUMENT, "%s: expected a list of tensors", n->op);
+    return;
+  }
+  int rank = OUT0->rank;
+  int dim = lw_dim(lw_int(n, 1, 0), rank);
+  tp_val acc = -1, chunk[64];
+  int nc = 0;
+  for (int j = 0; j <= L->n; j++) {
+    if (j < L->n) {
+      tp_val v = L->vs[j];
+      if (v < 0) continue;
+      const tp_type *t = em_type(e, v);
+      if (tp_type_numel(t) == 0) continue; /* legacy [0] tensors and empty pieces add nothing */
+      if (t->rank != rank) {
+        o[0] = em_fail(e, TP_INVALID_ARGUMENT, "%s: tensor %d has %d dimensions, expected %d", n->op, j, t->rank, rank);
+        return;
+      }
+      chunk[nc++] = em_convert(e, v, OUT0->dt);
+    }
+    if (nc == 64 || (j == L->n && nc > 0)) {
+      tp_val c = em_concat(e, chunk, nc, dim);
+      if (acc < 0) {
+        acc = c;
+      } else {
+        tp_val two[2] = {acc, c};
+        acc = em_concat(e, two, 2, dim);
+      }
+      nc = 0;
+    }
+  }
+  o[0] = acc >= 0 ? acc : em_full(e, 0, OUT0);
+}
+
+static void r_stack(tp_emit *e, const tp_node *n, tp_val *o) {
+  const tp_arg *L = lw_arg(n, 0);
+  if (L->kind != TP_ARG_TENSORS || L->n < 1) {
+    o[0] = em_fail(e, TP_INVALID_ARGUMENT, "%s: expected a non-empty list of tensors", n->op);
+    return;
+  }
+  int rank = OUT0->rank;
+  int dim = lw_dim(lw_int(n, 1, 0), rank);
+  tp_val acc = -1, chunk[64];
+  int nc = 0;
+  for (int j = 0; j < L->n; j++) {
+    tp_val v = L->vs[j];
+    const tp_type *t = em_type(e, v);
+    if (t->rank + 1 != rank) {
+      o[0] = em_fail(e, TP_INVALID_ARGUMENT, "%s: stack expects each tensor to be equal size", n->op);
+      return;
+    }
+    int64_t d[TP_MAX_RANK];
+    for (int i = 0, k = 0; i < rank; i++) d[i] = i == dim ? 1 : t->dims[k++];
+    chunk[nc++] = em_reshape(e, em_convert(e, v, OUT0->dt), rank, d);
+    if (nc == 64 || j == L->n - 1) {
+      tp_val c = em_concat(e, chunk, nc, dim);
+      if (acc < 0) {
+        acc = c;
+      } else {
+        tp_val two[2] = {acc, c};
+        acc = em_concat(e, two, 2, dim);
+      }
+      nc = 0;
+    }
+  }
+  o[0] = acc;
+}
+
+/* ---- padding, flips, rolls, repeats, triangles ------------------------------------------------- */
+
+static void r_constant_pad_nd(tp_emit *e, const tp_node *n, tp_val *o) {
+  tp_val x = lw_value(e, n, 0);
+  const tp_type *t = em_type(e, x);
+  const int64_t *pad;
+  int np = lw_ints(n, 1, &pad);
+  int r = t->rank;
+  if (np % 2 || np / 2 > r) {
+    o[0] = em_fail(e, TP_INVALID_ARGUMENT, "%s: padding length must be even and at most twice the rank", n->op);
+    return;
+  }
+  int64_t lo[TP_MAX_RANK] = {0}, hi[TP_MAX_RANK] = {0};
+  for (int i = 0; i < np / 2; i++) {
+    lo[r - 1 - i] = pad[2 * i];
+    hi[r - 1 - i] = pad[2 * i + 1];
+  }
+  tp_val pv = lw_tensor(e, n, 2, t->dt);
+  o[0] = em_pad(e, x, pv, lo, hi, NULL);
+}
+
+static void r_flip(tp_emit *e, const tp_node *n, tp_val *o) {
+  tp_val x = lw_value(e, n, 0);
+  tp_type t = *em_type(e, x);
+  const int64_t *dims;
+  int nd = lw_ints(n, 1, &dims);
+  int use[TP_MAX_RANK] = {0};
+  for (int i = 0; i < nd; i++) {
+    int d = lw_dim(dims[i], t.rank);
+    if (d >= 0 && d < t.rank && t.dims[d] > 1) use[d] = 1;
+  }
+  int64_t rd[TP_MAX_RANK];
+  int k = 0;
+  for (int d = 0; d < t.rank; d++)
+    if (use[d]) rd[k++] = d;
+  if (!k) {
+    o[0] = x;
+    return;
+  }
+  char attrs[512];
+  size_t q = (size_t)snprintf(attrs, sizeof attrs, "dimensions = array<i64");
+  for (int i = 0; i < k && q < sizeof attrs; i++)
+    q += (size_t)snprintf(attrs + q, sizeof attrs - q, "%s%" PRId64, i ? ", " : ": ", rd[i]);
+  if (q < sizeof attrs) snprintf(attrs + q, sizeof attrs - q, ">");
+  o[0] = em_op(e, "stablehlo.reverse", attrs, &x, 1, &t);
+}
+
+/* torch.roll along one dim: the last `s` elements move to the front. */
+static tp_val roll1(tp_emit *e, tp_val x, int d, int64_t shift) {
+  if (em_failed(e)) return -1;
+  tp_type t = *em_type(e, x);
+  int64_t size = t.dims[d];
+  if (size == 0) return x;
+  int64_t s = ((shift % size) + size) % size;
+  if (s == 0) return x;
+  int64_t st[TP_MAX_RANK] = {0}, lim[TP_MAX_RANK];
+  for (int i = 0; i < t.rank; i++) lim[i] = t.dims[i];
+  st[d] = size - s;
+  tp_val a = em_slice(e, x, st, lim, NULL);
+  st[d] = 0;
+  lim[d] = size - s;
+  tp_val b = em_slice(e, x, st, lim, NULL);
+  tp_val ab[2] = {a, b};
+  return em_concat(e, ab, 2, d);
+}
+
+static void r_roll(tp_emit *e, const tp_node *n, tp_val *o) {
+  tp_val x = lw_value(e, n, 0);
+  tp_type t = *em_type(e, x);
+  const int64_t *shifts, *dims;
+  int ns = lw_ints(n, 1, &shifts), nd = lw_ints(n, 2, &dims);
+  if (nd == 0) {
+    if (ns != 1) {
+      o[0] = em_fail(e, TP_INVALID_ARGUMENT, "%s: shifts must have one element when dims is empty", n->op);
+      return;
+    }
+    o[0] = reshape_to(e, roll1(e, flatten(e, x), 0, shifts[0]), &t);
+    return;
+  }
+  if (ns != nd) {
+    o[0] = em_fail(e, TP_INVALID_ARGUMENT, "%s: shifts and dimensions must align. shifts: %d, dims:%d", n->op, ns, nd);
+    return;
+  }
+  for (int i = 0; i < nd; i++) x = roll1(e, x, lw_dim(dims[i], t.rank), shifts[i]);
+  o[0] = x;
+}
+
+static void r_repeat(tp_emit *e, const tp_node *n, tp_val *o) {
+  tp_val x = lw_value(e, n, 0);
+  tp_type t = *em_type(e, x);
+  const int64_t *rep;
+  int nr = lw_ints(n, 1, &rep);
+  if (nr < t.rank || !rank_ok(e, n, nr + 1)) {
+    if (!em_failed(e))
+      em_fail(e, TP_INVALID_ARGUMENT,
+              "%s: number of dimensions of repeat dims can not be smaller than number of dimensions of tensor", n->op);
+    o[0] = -1;
+    return;
+  }
+  int64_t d[TP_MAX_RANK];
+  for (int i = 0; i < nr; i++) d[i] = i < nr - t.rank ? 1 : t.dims[i - (nr - t.rank)];
+  x = em_reshape(e, x, nr, d);
+  for (int i = 0; i < nr; i++) {
+    if (rep[i] == 1) continue;
+    /* [.., d_i, ..] -> [.., rep_i, d_i, ..] -> [.., rep_i*d_i, ..] */
+    tp_type bt = tp_type_make(t.dt, 0, NULL);
+    int64_t map[TP_MAX_RANK];
+    for (int j = 0; j < nr; j++) {
+      if (j == i) bt.dims[bt.rank++] = rep[i];
+      map[j] = bt.rank;
+      bt.dims[bt.rank++] = d[j];
+    }
+    x = em_bcast_in_dim(e, x, &bt, map);
+    d[i] *= rep[i];
+    x = em_reshape(e, x, nr, d);
+  }
+  o[0] = x;
+}
+
+static void tri(tp_emit *e, const tp_node *n, tp_val *o, int lower) {
+  tp_val x = lw_value(e, n, 0);
+  tp_type t = *em_type(e, x);
+  if (t.rank < 2) {
+    o[0] = em_fail(e, TP_INVALID_ARGUMENT, "%s: input tensor must have at least 2 dimensions", n->op);
+    return;
+  }
+  int64_t diag = lw_int(n, 1, 0);
+  int64_t rc[2] = {t.dims[t.rank - 2], t.dims[t.rank - 1]};
+  tp_val row = iota_i64(e, 2, rc, 0), col = iota_i64(e, 2, rc, 1);
+  tp_val dif = sub(e, col, row);
+  tp_val m = em_compare(e, lower ? "LE" : "GE", dif, ki_like(e, dif, diag));
+  tp_type bt = t;
+  bt.dt = TP_BOOL;
+  int64_t map[2] = {t.rank - 2, t.rank - 1};
+  m = em_bcast_in_dim(e, m, &bt, map);
+  o[0] = em_select(e, m, x, em_full(e, 0, &t));
+}
+static void r_tril(tp_emit *e, const tp_node *n, tp_val *o) { tri(e, n, o, 1); }
+static void r_triu(tp_emit *e, const tp_node *n, tp_val *o) { tri(e, n, o, 0); }
+
+/* ---- index_select / gather / take / embedding ----------------------------------------------- */
+
+static void r_index_select(tp_emit *e, const tp_node *n, tp_val *o) {
+  tp_val x = lw_value(e, n, 0);
+  tp_type t = *em_type(e, x);
+  int dim = lw_dim(lw_int(n, 1, 0), t.rank);
+  if (t.rank == 0) {
+    int64_t one = 1;
+    x = em_reshape(e, x, 1, &one);
+    dim = 0;
+  }
+  tp_val idx = to_i64(e, lw_value(e, n, 2));
+  int64_t kd[2] = {tp_type_numel(em_type(e, idx)), 1};
+  idx = em_reshape(e, idx, 2, kd);
+  int dims[1] = {dim};
+  o[0] = reshape_to(e, gather_nd(e, n, x, idx, dims, 1, dim), OUT0);
+}
+
+static void r_gather(tp_emit *e, const tp_node *n, tp_val *o) {
+  tp_val x = lw_value(e, n, 0);
+  tp_type t = *em_type(e, x);
+  int dim = lw_dim(lw_int(n, 1, 0), t.rank);
+  tp_val idx = to_i64(e, lw_value(e, n, 2));
+  tp_type it = *em_type(e, idx);
+  if (t.rank == 0) { /* index must be 0 */
+    o[0] = em_bcast_to(e, x, OUT0->rank, OUT0->dims);
+    return;
+  }
+  if (it.rank != t.rank) {
+    o[0] = em_fail(e, TP_INVALID_ARGUMENT, "%s: Index tensor must have the same number of dimensions as input tensor",
+                   n->op);
+    return;
+  }
+  tp_val coord[TP_MAX_RANK];
+  int dims[TP_MAX_RANK];
+  for (int d = 0; d < t.rank; d++) {
+    coord[d] = d == dim ? idx : iota_i64(e, it.rank, it.dims, d);
+    dims[d] = d;
+  }
+  tp_val iv = stack_last(e, n, coord, t.rank);
+  o[0] = gather_nd(e, n, x, iv, dims, t.rank, 0);
+}
+
+static void r_take(tp_emit *e, const tp_node *n, tp_val *o) {
+  tp_val x = flatten(e, lw_value(e, n, 0));
+  int64_t nel = em_type(e, x)->dims[0];
+  tp_val idx = wrap_neg(e, to_i64(e, lw_value(e, n, 1)), nel);
+  if (nel == 0) {
+    o[0] = em_fail(e, TP_OUT_OF_RANGE, "%s: out of range: tried to access index on an empty tensor", n->op);
+    return;
+  }
+  o[0] = em_gather_flat(e, x, idx);
+}
+
+static void r_embedding(tp_emit *e, const tp_node *n, tp_val *o) {
+  tp_val w = lw_value(e, n, 0);
+  tp_val idx = to_i64(e, lw_value(e, n, 1));
+  tp_type it = *em_type(e, idx);
+  if (em_type(e, w)->rank != 2) {
+    o[0] = em_fail(e, TP_INVALID_ARGUMENT, "%s: 'weight' must be 2-D", n->op);
+    return;
+  }
+  if (!rank_ok(e, n, it.rank + 1)) return;
+  it.dims[it.rank++] = 1;
+  idx = em_reshape(e, idx, it.rank, it.dims);
+  int dims[1] = {0};
+  o[0] = gather_nd(e, n, w, idx, dims, 1, 0);
+}
+
+static void r_embedding_dense_backward(tp_emit *e, const tp_node *n, tp_val *o) {
+  tp_dtype cdt = lw_opmath(OUT0->dt);
+  tp_val g = lw_tensor(e, n, 0, cdt);
+  tp_val idx = flatten(e, to_i64(e, lw_value(e, n, 1)));
+  int64_t nw = lw_int(n, 2, 0), pad = lw_int(n, 3, -1);
+  int scale = lw_bool(n, 4, 0);
+  int64_t nidx = em_type(e, idx)->dims[0];
+  int64_t dd = OUT0->dims[1];
+  int64_t nd[2] = {nidx, dd};
+  g = em_reshape(e, g, 2, nd);
+  tp_type gt = tp_type_make(cdt, 2, nd);
+  int64_t map0[1] = {0};
+  if (nidx == 0) {
+    o[0] = em_full(e, 0, OUT0);
+    return;
+  }
+  if (scale) {
+    tp_type ct = tp_type_make(cdt, 1, &nw), kt = tp_type_make(cdt, 1, &nidx);
+    tp_val cnt = em_scatter_flat(e, em_full(e, 0, &ct), idx, em_full(e, 1, &kt), "stablehlo.add");
+    tp_val per = em_gather_flat(e, cnt, idx);
+    g = em_binary(e, "stablehlo.divide", g, em_bcast_in_dim(e, per, &gt, map0));
+  }
+  /* rows of padding_idx (and out-of-range rows) contribute nothing */
+  tp_val keep = em_binary(e, "stablehlo.and", em_compare(e, "NE", idx, ki_like(e, idx, pad)),
+                          em_binary(e, "stablehlo.and", em_compare(e, "GE", idx, ki_like(e, idx, 0)),
+                                    em_compare(e, "LT", idx, ki_like(e, idx, nw))));
+  tp_type lt = tp_type_make(TP_I64, 2, nd);
+  tp_val row = em_select(e, keep, idx, ki_like(e, idx, nw)); /* nw*dd+j: out of range */
+  tp_val lin = add(e, mul(e, em_bcast_in_dim(e, row, &lt, map0), em_full(e, (double)dd, &lt)), em_iota(e, &lt, 1));
+  int64_t tot = nw * dd;
+  tp_type ft = tp_type_make(cdt, 1, &tot);
+  tp_val res = em_scatter_flat(e, em_full(e, 0, &ft), lin, g, "stablehlo.add");
+  o[0] = em_convert(e, reshape_to(e, res, OUT0), OUT0->dt);
+}
+
+/* ---- scatter / scatter_add / scatter_reduce ------------------------------------------------ */
+
+/* self.scatter*(dim, index, src-or-value) with the given reduction. */
+static void scatter_dim(tp_emit *e, const tp_node *n, tp_val *o, red_kind red, int include_self) {
+  tp_val x = lw_value(e, n, 0);
+  tp_type t = *em_type(e, x);
+  int dim = lw_dim(lw_int(n, 1, 0), t.rank);
+  tp_val idx = to_i64(e, lw_value(e, n, 2));
+  tp_type it = *em_type(e, idx);
+  int64_t kk = tp_type_numel(&it);
+  if (kk == 0 || em_failed(e)) {
+    o[0] = x;
+    return;
+  }
+  tp_type x1 = t;
+  if (t.rank == 0) { /* a 0-d self: treat as [1] */
+    x1 = tp_type_make(t.dt, 1, &kk);
+    x1.dims[0] = 1;
+    idx = em_reshape(e, idx, 1, &kk);
+    it = *em_type(e, idx);
+    dim = 0;
+  }
+  if (it.rank != x1.rank) {
+    o[0] = em_fail(e, TP_INVALID_ARGUMENT, "%s: Index tensor must have the same number of dimensions as self tensor",
+                   n->op);
+    return;
+  }
+  tp_val upd;
+  tp_type ut = it;
+  ut.dt = t.dt;
+  if (lw_arg(n, 3)->kind == TP_ARG_TENSOR) {
+    tp_val src = lw_value(e, n, 3);
+    const tp_type *st = em_type(e, src);
+    if (st->rank == 0) src = em_reshape(e, src, 1, &kk);
+    int64_t z[TP_MAX_RANK] = {0};
+    if (em_type(e, src)->rank != it.rank) {
+      o[0] = em_fail(e, TP_INVALID_ARGUMENT, "%s: Index tensor must have the same number of dimensions as src tensor",
+                     n->op);
+      return;
+    }
+    upd = em_convert(e, em_slice(e, src, z, it.dims, NULL), t.dt);
+  } else {
+    upd = lw_operand(e, n, 3, &ut);
+  }
+  tp_val coord[TP_MAX_RANK];
+  int check[TP_MAX_RANK];
+  for (int d = 0; d < it.rank; d++) {
+    coord[d] = d == dim ? idx : iota_i64(e, it.rank, it.dims, d);
+    check[d] = d == dim;
+  }
+  tp_val lin = linearize(e, coord, check, x1.rank, x1.dims);
+  o[0] = reshape_to(e, scatter_core(e, reshape_to(e, x, &x1), lin, upd, red, include_self), &t);
+}
+
+static void r_scatter(tp_emit *e, const tp_node *n, tp_val *o) { scatter_dim(e, n, o, RED_REPLACE, 1); }
+static void r_scatter_add(tp_emit *e, const tp_node *n, tp_val *o) { scatter_dim(e, n, o, RED_SUM, 1); }
+static void r_scatter_reduce_two(tp_emit *e, const tp_node *n, tp_val *o) {
+  const char *s = lw_str(n, 4, NULL);
+  red_kind r = parse_reduce(s);
+  if (r == RED_BAD || (s && (!strcmp(s, "add") || !strcmp(s, "multiply")))) {
+    o[0] = em_fail(e, TP_INVALID_ARGUMENT, "%s: reduce argument must be either sum, prod, mean, amax or amin, got %s",
+                   n->op, s ? s : "None");
+    return;
+  }
+  scatter_dim(e, n, o, r, lw_bool(n, 5, 1));
+}
+/* scatter(..., reduce="add"|"multiply") (src or value) */
+static void r_scatter_legacy_reduce(tp_emit *e, const tp_node *n, tp_val *o) {
+  const char *s = lw_str(n, 4, NULL);
+  red_kind r = parse_reduce(s);
+  if (!s || (strcmp(s, "add") && strcmp(s, "multiply"))) {
+    o[0] = em_fail(e, TP_INVALID_ARGUMENT, "%s: reduce argument must be either add or multiply, got %s", n->op,
+                   s ? s : "None");
+    return;
+  }
+  scatter_dim(e, n, o, r, 1);
+}
+
+/* ---- index_add / index_copy / index_reduce / index_fill --------------------------------------- */
+
+/* self.index_*(dim, index, source): source's dim `dim` is scattered to
+ * self's rows index[i]. */
+static void index_dim(tp_emit *e, const tp_node *n, tp_val *o, red_kind red, int include_self, int alpha_i) {
+  tp_val x = lw_value(e, n, 0);
+  tp_type t = *em_type(e, x);
+  int dim = lw_dim(lw_int(n, 1, 0), t.rank);
+  tp_val idx = flatten(e, to_i64(e, lw_value(e, n, 2)));
+  int64_t kk = em_type(e, idx)->dims[0];
+  tp_val src = lw_value(e, n, 3);
+  if (kk == 0 || em_failed(e)) {
+    o[0] = x;
+    return;
+  }
+  tp_type x1 = t;
+  if (t.rank == 0) {
+    x1.rank = 1;
+    x1.dims[0] = 1;
+    src = flatten(e, src);
+    dim = 0;
+  }
+  tp_type st = *em_type(e, src);
+  if (st.rank != x1.rank || st.dims[dim] != kk) {
+    o[0] = em_fail(e, TP_INVALID_ARGUMENT, "%s: source has the wrong shape for index of %" PRId64 " elements", n->op, kk);
+    return;
+  }
+  tp_val upd = src;
+  if (alpha_i >= 0 && t.dt != TP_BOOL) {
+    tp_dtype cdt = lw_opmath(t.dt);
+    tp_type ct = st;
+    ct.dt = cdt;
+    upd = mul(e, em_convert(e, src, cdt), lw_operand(e, n, alpha_i, &ct));
+  }
+  tp_val coord[TP_MAX_RANK];
+  int check[TP_MAX_RANK];
+  int64_t map[1] = {dim};
+  tp_type sit = st;
+  sit.dt = TP_I64;
+  for (int d = 0; d < st.rank; d++) {
+    coord[d] = d == dim ? em_bcast_in_dim(e, idx, &sit, map) : iota_i64(e, st.rank, st.dims, d);
+    check[d] = d == dim;
+  }
+  tp_val lin = linearize(e, coord, check, x1.rank, x1.dims);
+  o[0] = reshape_to(e, scatter_core(e, reshape_to(e, x, &x1), lin, upd, red, include_self), &t);
+}
+
+static void r_index_add(tp_emit *e, const tp_node *n, tp_val *o) { index_dim(e, n, o, RED_SUM, 1, 4); }
+static void r_index_copy(tp_emit *e, const tp_node *n, tp_val *o) { index_dim(e, n, o, RED_REPLACE, 1, -1); }
+static void r_index_reduce(tp_emit *e, const tp_node *n, tp_val *o) {
+  const char *s = lw_str(n, 4, NULL);
+  red_kind r = parse_reduce(s);
+  if (r != RED_PROD && r != RED_MEAN && r != RED_AMAX && r != RED_AMIN) {
+    o[0] = em_fail(e, TP_INVALID_ARGUMENT, "%s: reduce argument must be either prod, mean, amax or amin, got %s", n->op,
+                   s ? s : "None");
+    return;
+  }
+  index_dim(e, n, o, r, lw_bool(n, 5, 1), -1);
+}
+
+static void r_index_fill(tp_emit *e, const tp_node *n, tp_val *o) {
+  tp_val x = lw_value(e, n, 0);
+  tp_type t = *em_type(e, x);
+  int dim = lw_dim(lw_int(n, 1, 0), t.rank);
+  int64_t size = t.rank ? t.dims[dim] : 1;
+  tp_val idx = flatten(e, to_i64(e, lw_value(e, n, 2)));
+  int64_t kk = em_type(e, idx)->dims[0];
+  if (kk == 0 || em_failed(e)) {
+    o[0] = x;
+    return;
+  }
+  idx = wrap_neg(e, idx, size);
+  tp_type ht = tp_type_make(TP_BOOL, 1, &size), kt = tp_type_make(TP_BOOL, 1, &kk);
+  tp_val hit = em_scatter_flat(e, em_full(e, 0, &ht), idx, em_full(e, 1, &kt), NULL);
+  tp_type bt = t;
+  bt.dt = TP_BOOL;
+  int64_t map[1] = {dim};
+  hit = t.rank ? em_bcast_in_dim(e, hit, &bt, map) : em_reshape(e, hit, 0, NULL);
+  o[0] = em_select(e, hit, lw_operand(e, n, 3, OUT0), x);
+}
+
+/* ---- advanced indexing ------------------------------------------------------------------------ */
+
+typedef struct iplan {
+  int m;                   /* number of index tensors (not None) */
+  int dims[TP_MAX_RANK];   /* the operand dim each indexes */
+  tp_val idx[TP_MAX_RANK]; /* i64, broadcast to B, negatives wrapped */
+  int brank;
+  int64_t b[TP_MAX_RANK];  /* broadcast index shape B */
+  int batch_pos;           /* where B goes among the non-indexed dims */
+  int mask;                /* the one index is a bool/byte mask (index_put only) */
+  int mask_dim;
+  tp_val mask_v;
+} iplan;
+
+/* Read the Tensor?[] argument `ai` indexing `x`.  Returns 0 on error (recorded). */
+static int index_plan(tp_emit *e, const tp_node *n, tp_val x, int ai, iplan *p, int allow_mask) {
+  memset(p, 0, sizeof *p);
+  const tp_type *xt = em_type(e, x);
+  const tp_arg *L = lw_arg(n, ai);
+  if (L->kind == TP_ARG_NONE) return 1;
+  if (L->kind != TP_ARG_TENSORS) {
+    em_fail(e, TP_INVALID_ARGUMENT, "%s: expected a list of index tensors", n->op);
+    return 0;
+  }
+  int d = 0, nmask = 0, nint = 0;
+  tp_val raw[TP_MAX_RANK];
+  for (int j = 0; j < L->n; j++) {
+    tp_val v = L->vs[j];
+    if (v < 0) {
+      d++;
+      continue;
+    }
+    const tp_type *vt = em_type(e, v);
+    if (vt->dt == TP_BOOL || vt->dt == TP_U8) {
+      nmask++;
+      p->mask_dim = d;
+      p->mask_v = v;
+      d += vt->rank ? vt->rank : 1; /* a 0-d mask adds a dim; not handled below */
+      if (vt->rank == 0) nmask += 100;
+      continue;
+    }
+    if (!tp_dtype_is_int(vt->dt)) {
+      em_fail(e, TP_OUT_OF_RANGE, "%s: tensors used as indices must be long, int, byte or bool tensors", n->op);
+      return 0;
+    }
+    if (d >= xt->rank) {
+      em_fail(e, TP_OUT_OF_RANGE, "%s: too many indices for tensor of dimension %d", n->op, xt->rank);
+      return 0;
+    }
+    p->dims[p->m] = d++;
+    raw[p->m++] = v;
+    nint++;
+  }
+  if (nmask) {
+    if (!allow_mask || nmask != 1 || nint != 0) {
+      em_fail(e, TP_UNIMPLEMENTED,
+              "%s: indexing with bool or byte masks has a data-dependent shape; only a single mask in index_put is "
+              "lowered",
+              n->op);
+      return 0;
+    }
+    if (d > xt->rank) {
+      em_fail(e, TP_OUT_OF_RANGE, "%s: too many indices for tensor of dimension %d", n->op, xt->rank);
+      return 0;
+    }
+    p->mask = 1;
+    return 1;
+  }
+  if (p->m == 0) return 1;
+  /* broadcast shape of the index tensors */
+  for (int j = 0; j < p->m; j++) {
+    const tp_type *vt = em_type(e, raw[j]);
+    if (vt->rank > p->brank) {
+      int sh = vt->rank - p->brank;
+      memmove(p->b + sh, p->b, sizeof(int64_t) * (size_t)p->brank);
+      for (int i = 0; i < sh; i++) p->b[i] = 1;
+      p->brank = vt->rank;
+    }
+    for (int i = 0; i < vt->rank; i++) {
+      int64_t *bd = &p->b[p->brank - vt->rank + i];
+      int64_t s = vt->dims[i];
+      if (*bd == 1) *bd = s;
+      else if (s != 1 && s != *bd) {
+        em_fail(e, TP_OUT_OF_RANGE, "%s: shape mismatch: indexing tensors could not be broadcast together", n->op);
+        return 0;
+      }
+    }
+  }
+  for (int j = 0; j < p->m; j++) {
+    tp_val v = em_bcast_to(e, to_i64(e, raw[j]), p->brank, p->b);
+    p->idx[j] = wrap_neg(e, v, xt->dims[p->dims[j]]);
+  }
+  int adjacent = p->dims[p->m - 1] - p->dims[0] == p->m - 1;
+  p->batch_pos = adjacent ? p->dims[0] : 0;
+  return !em_failed(e);
+}
+
+/* Shape of x[indices]: x's non-indexed dims with B at batch_pos. */
+static tp_type index_result_type(const tp_type *xt, const iplan *p) {
+  int isidx[TP_MAX_RANK] = {0};
+  for (int j = 0; j < p->m; j++) isidx[p->dims[j]] = 1;
+  tp_type r = tp_type_make(xt->dt, 0, NULL);
+  int k = 0, done = 0;
+  for (int d = 0; d < xt->rank; d++) {
+    if (isidx[d]) continue;
+    if (k == p->batch_pos && !done) {
+      for (int i = 0; i < p->brank && r.rank < TP_MAX_RANK; i++) r.dims[r.rank++] = p->b[i];
+      done = 1;
+    }
+    if (r.rank < TP_MAX_RANK) r.dims[r.rank++] = xt->dims[d];
+    k++;
+  }
+  if (!done)
+    for (int i = 0; i < p->brank && r.rank < TP_MAX_RANK; i++) r.dims[r.rank++] = p->b[i];
+  return r;
+}
+
+static void r_index(tp_emit *e, const tp_node *n, tp_val *o) {
+  tp_val x = lw_value(e, n, 0);
+  iplan p;
+  if (!index_plan(e, n, x, 1, &p, 0)) {
+    o[0] = -1;
+    return;
+  }
+  if (p.m == 0) {
+    o[0] = reshape_to(e, x, OUT0);
+    return;
+  }
+  tp_val iv = stack_last(e, n, p.idx, p.m);
+  o[0] = reshape_to(e, gather_nd(e, n, x, iv, p.dims, p.m, p.batch_pos), OUT0);
+}
+
+/* Exclusive position of each true element among the trues of a 1-D i64 0/1
+ * tensor: inclusive prefix sum (log-step) minus one. */
+static tp_val prefix_sum(tp_emit *e, tp_val x) {
+  if (em_failed(e)) return -1;
+  int64_t nel = em_type(e, x)->dims[0];
+  tp_val zero = em_const_i(e, 0, em_type(e, x)->dt);
+  for (int64_t s = 1; s < nel; s *= 2) {
+    int64_t lo = s, hi = -s;
+    x = add(e, x, em_pad(e, x, zero, &lo, &hi, NULL));
+  }
+  return x;
+}
+
+/* For a bool value `mask` (any shape), the index (into the K trues, in
+ * row-major order) of each element, clamped into [0, kmax). */
+static tp_val mask_positions(tp_emit *e, tp_val mask, int64_t kmax) {
+  tp_type mt = *em_type(e, mask);
+  tp_val cs = prefix_sum(e, to_i64(e, flatten(e, mask)));
+  cs = sub(e, cs, ki_like(e, cs, 1));
+  cs = em_clamp(e, em_const_i(e, 0, TP_I64), cs, em_const_i(e, kmax - 1, TP_I64));
+  mt.dt = TP_I64;
+  return reshape_to(e, cs, &mt);
+}
+
+/* index_put with one bool/byte mask covering dims [p, p+k). */
+static tp_val index_put_mask(tp_emit *e, const tp_node *n, tp_val x, const iplan *pl, tp_val values, int accumulate) {
+  tp_type xt = *em_type(e, x);
+  tp_val mask = em_convert(e, pl->mask_v, TP_BOOL);
+  tp_type mt = *em_type(e, mask);
+  int p = pl->mask_dim, k = mt.rank;
+  for (int i = 0; i < k; i++)
+    if (mt.dims[i] != xt.dims[p + i])
+      return em_fail(e, TP_OUT_OF_RANGE,
+                     "%s: The shape of the mask at index %d (%" PRId64 ") does not match the shape of the indexed "
+                     "tensor (%" PRId64 ") at index %d",
+                     n->op, i, mt.dims[i], xt.dims[p + i], p + i);
+  /* x[mask] has shape x[:p] + [K] + x[p+k:]; values broadcast to it. */
+  int rr = xt.rank - k + 1;
+  const tp_type *vt = em_type(e, values);
+  if (vt->rank > rr) return em_fail(e, TP_INVALID_ARGUMENT, "%s: values have too many dimensions", n->op);
+  int kv_dim = vt->rank - (rr - p);
+  int64_t kv = kv_dim >= 0 ? vt->dims[kv_dim] : 1;
+  int64_t rd[TP_MAX_RANK];
+  for (int i = 0; i < p; i++) rd[i] = xt.dims[i];
+  rd[p] = kv;
+  for (int i = p + k; i < xt.rank; i++) rd[i - k + 1] = xt.dims[i];
+  tp_dtype cdt = accumulate ? (xt.dt == TP_BOOL ? TP_I32 : lw_opmath(xt.dt)) : xt.dt;
+  tp_val v = em_bcast_to(e, em_convert(e, values, cdt), rr, rd);
+  tp_type ct = xt;
+  ct.dt = cdt;
+  tp_val vx;
+  if (kv == 1) {
+    int64_t d1[TP_MAX_RANK];
+    for (int i = 0; i < xt.rank; i++) d1[i] = (i >= p && i < p + k) ? 1 : xt.dims[i];
+    vx = em_bcast_to(e, em_reshape(e, v, xt.rank, d1), xt.rank, xt.dims);
+  } else {
+    tp_val pos = mask_positions(e, mask, kv);
+    tp_type pt = *em_type(e, pos);
+    if (!rank_ok(e, n, pt.rank + 1)) return -1;
+    pt.dims[pt.rank++] = 1;
+    pos = reshape_to(e, pos, &pt);
+    int dims[1] = {p};
+    vx = gather_nd(e, n, v, pos, dims, 1, p);
+  }
+  tp_type bt = xt;
+  bt.dt = TP_BOOL;
+  int64_t map[TP_MAX_RANK];
+  for (int i = 0; i < k; i++) map[i] = p + i;
+  tp_val mx = em_bcast_in_dim(e, mask, &bt, map);
+  if (accumulate) {
+    tp_val xc = em_convert(e, x, cdt);
+    return em_convert(e, add(e, xc, em_select(e, mx, vx, em_full(e, 0, &ct))), xt.dt);
+  }
+  return em_select(e, mx, vx, x);
+}
+
+/* index_put(self, indices, values, accumulate) and _index_put_impl_ (same + unsafe) */
+static void r_index_put(tp_emit *e, const tp_node *n, tp_val *o) {
+  tp_val x = lw_value(e, n, 0);
+  tp_type xt = *em_type(e, x);
+  int accumulate = lw_bool(n, 3, 0);
+  tp_val values = lw_value(e, n, 2);
+  iplan p;
+  if (!index_plan(e, n, x, 1, &p, 1)) {
+    o[0] = -1;
+    return;
+  }
+  if (p.mask) {
+    o[0] = index_put_mask(e, n, x, &p, values, accumulate);
+    return;
+  }
+  if (p.m == 0) {
+    tp_val v = em_bcast_to(e, em_convert(e, values, xt.dt), xt.rank, xt.dims);
+    o[0] = accumulate ? em_convert(e, add(e, em_convert(e, x, lw_opmath(xt.dt)), em_convert(e, v, lw_opmath(xt.dt))), xt.dt)
+                      : v;
+    return;
+  }
+  if (!rank_ok(e, n, xt.rank - p.m + p.brank)) return;
+  tp_type rt = index_result_type(&xt, &p);
+  if (tp_type_numel(&rt) == 0) {
+    o[0] = x;
+    return;
+  }
+  const tp_type *vt = em_type(e, values);
+  if (vt->rank > rt.rank) {
+    o[0] = em_fail(e, TP_INVALID_ARGUMENT, "%s: shape mismatch: value tensor cannot be broadcast to indexing result",
+                   n->op);
+    return;
+  }
+  tp_val v = em_bcast_to(e, em_convert(e, values, xt.dt), rt.rank, rt.dims);
+  /* operand coordinates of every element of the indexing result */
+  tp_val coord[TP_MAX_RANK];
+  int check[TP_MAX_RANK] = {0};
+  int isidx[TP_MAX_RANK] = {0};
+  tp_type ri = rt;
+  ri.dt = TP_I64;
+  int64_t bmap[TP_MAX_RANK];
+  for (int i = 0; i < p.brank; i++) bmap[i] = p.batch_pos + i;
+  for (int j = 0; j < p.m; j++) {
+    isidx[p.dims[j]] = 1;
+    coord[p.dims[j]] = em_bcast_in_dim(e, p.idx[j], &ri, bmap);
+    check[p.dims[j]] = 1;
+  }
+  for (int d = 0, k = 0; d < xt.rank; d++) {
+    if (isidx[d]) continue;
+    int pos = k < p.batch_pos ? k : k + p.brank;
+    coord[d] = em_iota(e, &ri, pos);
+    k++;
+  }
+  tp_val lin = linearize(e, coord, check, xt.rank, xt.dims);
+  o[0] = scatter_core(e, x, lin, v, accumulate ? RED_SUM : RED_REPLACE, 1);
+}
+
+static void r_put(tp_emit *e, const tp_node *n, tp_val *o) {
+  tp_val x = lw_value(e, n, 0);
+  tp_type xt = *em_type(e, x);
+  int64_t nel = tp_type_numel(&xt);
+  tp_val idx = to_i64(e, lw_value(e, n, 1));
+  tp_type it = *em_type(e, idx);
+  int accumulate = lw_bool(n, 3, 0);
+  if (tp_type_numel(&it) == 0 || em_failed(e)) {
+    o[0] = x;
+    return;
+  }
+  tp_val src = reshape_to(e, em_convert(e, lw_value(e, n, 2), xt.dt), &it);
+  idx = wrap_neg(e, idx, nel);
+  int check[1] = {1};
+  tp_val lin = linearize(e, &idx, check, 1, &nel);
+  tp_val xf = flatten(e, x);
+  o[0] = reshape_to(e, scatter_core(e, xf, lin, src, accumulate ? RED_SUM : RED_REPLACE, 1), &xt);
+}
+
+static void r_masked_scatter(tp_emit *e, const tp_node *n, tp_val *o) {
+  tp_val x = lw_operand(e, n, 0, OUT0);
+  tp_type bt = lw_out_as(n, 0, TP_BOOL);
+  tp_val m = lw_operand(e, n, 1, &bt);
+  tp_val src = flatten(e, em_convert(e, lw_value(e, n, 2), OUT0->dt));
+  int64_t ns = em_type(e, src)->dims[0];
+  if (ns == 0 || em_failed(e)) { /* the mask must be all false */
+    o[0] = x;
+    return;
+  }
+  tp_val pos = mask_positions(e, m, ns);
+  tp_val g = em_gather_flat(e, src, pos);
+  o[0] = em_select(e, m, g, x);
+}
+
+/* ---- *_scatter (functionalization and view backward) ------------------------------------------ */
+
+static void r_diag_embed(tp_emit *e, const tp_node *n, tp_val *o) {
+  tp_val x = lw_value(e, n, 0);
+  tp_type t = *em_type(e, x);
+  int64_t off = lw_int(n, 1, 0);
+  int rr = OUT0->rank;
+  int d1 = lw_dim(lw_int(n, 2, -2), rr), d2 = lw_dim(lw_int(n, 3, -1), rr);
+  if (t.rank < 1 || d1 == d2) {
+    o[0] = em_fail(e, TP_INVALID_ARGUMENT, "%s: diagonal dimensions cannot be identical", n->op);
+    return;
+  }
+  int64_t a = off < 0 ? -off : off;
+  int64_t lo[TP_MAX_RANK] = {0}, hi[TP_MAX_RANK] = {0};
+  hi[t.rank - 1] = a;
+  x = em_pad(e, x, em_const(e, 0, t.dt), lo, hi, NULL);
+  int64_t map[TP_MAX_RANK];
+  for (int i = 0, k = 0; i < rr; i++)
+    if (i != d1 && i != d2) map[k++] = i;
+  map[t.rank - 1] = off >= 0 ? d1 : d2;
+  tp_type ot = *OUT0;
+  tp_val v = bcast_map(e, x, &ot, map);
+  int64_t md[2] = {OUT0->dims[d1], OUT0->dims[d2]};
+  tp_val dif = sub(e, iota_i64(e, 2, md, 1), iota_i64(e, 2, md, 0));
+  tp_val mk = em_compare(e, "EQ", dif, ki_like(e, dif, off));
+  tp_type bt = lw_out_as(n, 0, TP_BOOL);
+  int64_t mm[2] = {d1, d2};
+  mk = bcast_map(e, mk, &bt, mm);
+  o[0] = em_select(e, mk, v, em_full(e, 0, &ot));
+}
+
+static void r_diagonal_scatter(tp_emit *e, const tp_node *n, tp_val *o) {
+  tp_val x = lw_value(e, n, 0);
+  tp_type t = *em_type(e, x);
+  tp_val src = em_convert(e, lw_value(e, n, 1), t.dt);
+  tp_type st = *em_type(e, src);
+  int64_t off = lw_int(n, 2, 0);
+  int d1 = lw_dim(lw_int(n, 3, 0), t.rank), d2 = lw_dim(lw_int(n, 4, 1), t.rank);
+  if (t.rank < 2 || d1 == d2 || st.rank != t.rank - 1) {
+    o[0] = em_fail(e, TP_INVALID_ARGUMENT, "%s: bad diagonal dimensions or src shape", n->op);
+    return;
+  }
+  int tdim = off >= 0 ? d1 : d2;
+  int64_t tsz = t.dims[tdim], len = st.dims[st.rank - 1];
+  if (len > tsz) {
+    o[0] = em_fail(e, TP_INVALID_ARGUMENT, "%s: src has the wrong diagonal length", n->op);
+    return;
+  }
+  if (len == 0) {
+    o[0] = x;
+    return;
+  }
+  int64_t lo[TP_MAX_RANK] = {0}, hi[TP_MAX_RANK] = {0};
+  hi[st.rank - 1] = tsz - len;
+  src = em_pad(e, src, em_const(e, 0, t.dt), lo, hi, NULL);
+  int64_t map[TP_MAX_RANK];
+  for (int i = 0, k = 0; i < t.rank; i++)
+    if (i != d1 && i != d2) map[k++] = i;
+  map[st.rank - 1] = tdim;
+  tp_val v = bcast_map(e, src, &t, map);
+  int64_t md[2] = {t.dims[d1], t.dims[d2]};
+  tp_val dif = sub(e, iota_i64(e, 2, md, 1), iota_i64(e, 2, md, 0));
+  tp_val mk = em_compare(e, "EQ", dif, ki_like(e, dif, off));
+  tp_type bt = t;
+  bt.dt = TP_BOOL;
+  int64_t mm[2] = {d1, d2};
+  mk = bcast_map(e, mk, &bt, mm);
+  o[0] = em_select(e, mk, v, x);
+}
+
+static void r_slice_scatter(tp_emit *e, const tp_node *n, tp_val *o) {
+  tp_val x = lw_value(e, n, 0);
+  tp_type t = *em_type(e, x);
+  tp_val src = em_convert(e, lw_value(e, n, 1), t.dt);
+  int dim = lw_dim(lw_int(n, 2, 0), t.rank);
+  if (t.rank == 0) {
+    o[0] = em_fail(e, TP_INVALID_ARGUMENT, "%s: slice() cannot be applied to a 0-dim tensor", n->op);
+    return;
+  }
+  int64_t size = t.dims[dim];
+  int64_t start = lw_is_none(n, 3) ? 0 : lw_int(n, 3, 0);
+  int64_t end = lw_is_none(n, 4) ? size : lw_int(n, 4, size);
+  int64_t step = lw_int(n, 5, 1);
+  if (step <= 0) {
+    o[0] = em_fail(e, TP_INVALID_ARGUMENT, "%s: slice step must be positive", n->op);
+    return;
+  }
+  if (start < 0) start += size;
+  if (end < 0) end += size;
+  if (start < 0) start = 0;
+  if (start > size) start = size;
+  if (end < start) end = start;
+  if (end > size) end = size;
+  int64_t cnt = (end - start + step - 1) / step;
+  if (cnt == 0 || tp_type_numel(em_type(e, src)) == 0) {
+    o[0] = x;
+    return;
+  }
+  if (em_type(e, src)->dims[dim] != cnt) {
+    o[0] = em_fail(e, TP_INVALID_ARGUMENT, "%s: src has the wrong size along dimension %d", n->op, dim);
+    return;
+  }
+  int64_t lo[TP_MAX_RANK] = {0}, hi[TP_MAX_RANK] = {0}, in[TP_MAX_RANK] = {0};
+  if (step == 1) {
+    lo[dim] = start;
+    o[0] = em_update_slice(e, x, src, lo);
+    return;
+  }
+  lo[dim] = start;
+  hi[dim] = size - (start + (cnt - 1) * step + 1);
+  in[dim] = step - 1;
+  tp_val sp = em_pad(e, src, em_const(e, 0, t.dt), lo, hi, in);
+  tp_type bt = *em_type(e, src);
+  bt.dt = TP_BOOL;
+  tp_val mk = em_pad(e, em_full(e, 1, &bt), em_const(e, 0, TP_BOOL), lo, hi, in);
+  o[0] = em_select(e, mk, sp, x);
+}
+
+static void r_select_scatter(tp_emit *e, const tp_node *n, tp_val *o) {
+  tp_val x = lw_value(e, n, 0);
+  tp_type t = *em_type(e, x);
+  if (t.rank == 0) {
+    o[0] = em_fail(e, TP_INVALID_ARGUMENT, "%s: select() cannot be applied to a 0-dim tensor", n->op);
+    return;
+  }
+  int dim = lw_dim(lw_int(n, 2, 0), t.rank);
+  int64_t idx = lw_int(n, 3, 0), size = t.dims[dim];
+  if (idx < -size || idx >= size) {
+    o[0] = em_fail(e, TP_OUT_OF_RANGE, "%s: index %" PRId64 " out of range for tensor of size %" PRId64
+                   " at dimension %d", n->op, idx, size, dim);
+    return;
+  }
+  if (idx < 0) idx += size;
+  tp_type ut = t;
+  ut.dims[dim] = 1;
+  tp_val src = reshape_to(e, em_convert(e, lw_value(e, n, 1), t.dt), &ut);
+  int64_t st[TP_MAX_RANK] = {0};
+  st[dim] = idx;
+  o[0] = em_update_slice(e, x, src, st);
+}
+
+/* as_strided_scatter: positions refer to self's elements in row-major
+ * (contiguous) order, as for a contiguous self. */
+static void r_as_strided_scatter(tp_emit *e, const tp_node *n, tp_val *o) {
+  tp_val x = lw_value(e, n, 0);
+  tp_type t = *em_type(e, x);
+  const int64_t *size, *stride;
+  int ns = lw_ints(n, 2, &size), nst = lw_ints(n, 3, &stride);
+  int64_t off = lw_is_none(n, 4) ? 0 : lw_int(n, 4, 0);
+  if (ns != nst) {
+    o[0] = em_fail(e, TP_INVALID_ARGUMENT, "%s: mismatch in length of strides and shape", n->op);
+    return;
+  }
+  tp_val src = em_convert(e, lw_value(e, n, 1), t.dt);
+  int64_t cnt = tp_type_numel(em_type(e, src)), nel = tp_type_numel(&t);
+  if (cnt == 0) {
+    o[0] = x;
+    return;
+  }
+  int64_t maxpos = off;
+  for (int i = 0; i < ns; i++) maxpos += (size[i] - 1) * stride[i];
+  if (off < 0 || maxpos >= nel) {
+    o[0] = em_fail(e, TP_INVALID_ARGUMENT, "%s: the view is out of bounds of self's %" PRId64 " elements", n->op, nel);
+    return;
+  }
+  tp_val lin;
+  if (ns == 0) {
+    int64_t one = 1;
+    tp_type lt = tp_type_make(TP_I64, 1, &one);
+    lin = em_full(e, (double)off, &lt);
+    src = em_reshape(e, src, 1, &one);
+  } else {
+    lin = -1;
+    for (int d = 0; d < ns; d++) {
+      tp_val term = iota_i64(e, ns, size, d);
+      if (stride[d] != 1) term = mul(e, term, ki_like(e, term, stride[d]));
+      lin = lin < 0 ? term : add(e, lin, term);
+    }
+    if (off) lin = add(e, lin, ki_like(e, lin, off));
+    src = em_reshape(e, src, ns, size);
+  }
+  o[0] = reshape_to(e, em_scatter_flat(e, flatten(e, x), lin, src, NULL), &t);
+}
+
+/* ---- range factories (out= overloads: the output type comes from `out`) ------------------------- */
+
+static void r_arange_out(tp_emit *e, const tp_node *n, tp_val *o) {
+  tp_dtype dt = OUT0->dt;
+  /* PyTorch's CPU kernel: start + i*step in accscalar (double for
+   * float/double, float for half types, int64 for integers), then cast. */
+  tp_dtype cdt = tp_dtype_is_float(dt) ? (dt == TP_F16 || dt == TP_BF16 ? TP_F32 : TP_F64) : TP_I64;
+  if (OUT0->rank != 1) {
+    o[0] = em_fail(e, TP_INVALID_ARGUMENT, "%s: out must be 1-D", n->op);
+    return;
+  }
+  tp_type ct = lw_out_as(n, 0, cdt);
+  tp_val i = em_iota(e, &ct, 0);
+  tp_val start = lw_operand(e, n, 0, &ct), step = lw_operand(e, n, 2, &ct);
+  o[0] = em_convert(e, add(e, start, mul(e, i, step)), dt);
+}
+
+static void r_linspace_out(tp_emit *e, const tp_node *n, tp_val *o) {
+  tp_dtype dt = OUT0->dt;
+  int64_t steps = OUT0->dims[0];
+  int isint = !tp_dtype_is_float(dt);
+  tp_dtype cdt = isint ? TP_F64 : lw_opmath(dt);
+  tp_type ct = lw_out_as(n, 0, cdt);
+  /* start/end are first cast to the output dtype (PyTorch: Scalar::to<scalar_t>) */
+  tp_val s0 = em_convert(e, lw_tensor(e, n, 0, dt), cdt), e0 = em_convert(e, lw_tensor(e, n, 1, dt), cdt);
+  tp_val start = em_bcast_in_dim(e, s0, &ct, NULL);
+  if (steps == 1) {
+    o[0] = em_convert(e, start, dt);
+    return;
+  }
+  tp_val end = em_bcast_in_dim(e, e0, &ct, NULL);
+  tp_val step = em_binary(e, "stablehlo.divide", sub(e, end, start), em_full(e, (double)(steps - 1), &ct));
+  tp_type it = lw_out_as(n, 0, TP_I64);
+  tp_val ii = em_iota(e, &it, 0);
+  tp_val fi = em_convert(e, ii, cdt);
+  tp_val lo = add(e, start, mul(e, step, fi));
+  tp_val hi = sub(e, end, mul(e, step, sub(e, em_full(e, (double)(steps - 1), &ct), fi)));
+  tp_val first = em_compare(e, "LT", ii, ki_like(e, ii, steps / 2));
+  o[0] = em_convert(e, em_select(e, first, lo, hi), dt);
+}
+
+static void r_eye_out(tp_emit *e, const tp_node *n, tp_val *o) {
+  if (OUT0->rank != 2) {
+    o[0] = em_fail(e, TP_INVALID_ARGUMENT, "%s: out must be 2-D", n->op);
+    return;
+  }
+  tp_val r = iota_i64(e, 2, OUT0->dims, 0), c = iota_i64(e, 2, OUT0->dims, 1);
+  o[0] = em_convert(e, em_compare(e, "EQ", r, c), OUT0->dt);
+}
+
 const tp_lower_entry tp_lower_shape[] = {
+    {"aten::cat", r_cat},
+    {"aten::stack", r_stack},
+    {"aten::constant_pad_nd", r_constant_pad_nd},
+    {"aten::flip", r_flip},
+    {"aten::roll", r_roll},
+    {"aten::repeat", r_repeat},
+    {"aten::tril", r_tril},
+    {"aten::triu", r_triu},
+    {"aten::index_select", r_index_select},
+    {"aten::gather", r_gather},
+    {"aten::take", r_take},
+    {"aten::put", r_put},
+    {"aten::embedding", r_embedding},
+    {"aten::embedding_dense_backward", r_embedding_dense_backward},
+    {"aten::scatter.src", r_scatter},
+    {"aten::scatter.value", r_scatter},
+    {"aten::scatter.reduce", r_scatter_legacy_reduce},
+    {"aten::scatter.value_reduce", r_scatter_legacy_reduce},
+    {"aten::scatter_add", r_scatter_add},
+    {"aten::scatter_reduce.two", r_scatter_reduce_two},
+    {"aten::index.Tensor", r_index},
+    {"aten::_unsafe_index.Tensor", r_index},
+    {"aten::index_put", r_index_put},
+    {"aten::_unsafe_index_put", r_index_put},
+    {"aten::_index_put_impl_", r_index_put},
+    {"aten::index_add", r_index_add},
+    {"aten::index_copy", r_index_copy},
+    {"aten::index_reduce", r_index_reduce},
+    {"aten::index_fill.int_Scalar", r_index_fill},
+    {"aten::index_fill.int_Tensor", r_index_fill},
+    {"aten::masked_scatter", r_masked_scatter},
+    {"aten::diag_embed", r_diag_embed},
+    {"aten::diagonal_scatter", r_diagonal_scatter},
+    {"aten::slice_scatter", r_slice_scatter},
+    {"aten::select_scatter", r_select_scatter},
+    {"aten::as_strided_scatter", r_as_strided_scatter},
+    {"aten::arange.start_out", r_arange_out},
+    {"aten::linspace.out", r_linspace_out},
+    {"aten::eye.out", r_eye_out},
+    {"aten::eye.m_out", r_eye_out},
     {NULL, NULL},
 };

@@ -64,10 +64,50 @@ from ._dispatch import (  # noqa: E402,F401
 )
 
 
+# ---- persistent compilation cache -----------------------------------------
+
+_DEFAULT_CACHE_MB = 2048
+
+
+def default_cache_dir():
+    """TORCH_PJRT_CACHE_DIR if set ("" or "0" turn the cache off), else
+    $XDG_CACHE_HOME/torch_pjrt, else ~/.cache/torch_pjrt."""
+    env = os.environ.get("TORCH_PJRT_CACHE_DIR")
+    if env is not None:
+        return None if env.strip() in ("", "0", "off", "false") else env
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "torch_pjrt")
+
+
+def set_cache_dir(path, max_size_mb=None):
+    """Move the on-disk cache of compiled programs to `path` (None: turn it off).
+    Returns True if the cache is in use; a directory that cannot be used gives a
+    warning and no cache, never an error."""
+    if max_size_mb is None:
+        max_size_mb = int(os.environ.get("TORCH_PJRT_CACHE_SIZE_MB", _DEFAULT_CACHE_MB))
+    try:
+        _C.set_disk_cache(path, int(max_size_mb) << 20)
+    except RuntimeError as e:
+        import warnings
+
+        warnings.warn(f"torch-pjrt: compiled programs will not be cached on disk: {e}", stacklevel=2)
+        _C.set_disk_cache(None, 0)
+        return False
+    return path is not None
+
+
+set_cache_dir(default_cache_dir())
+
+
 def metrics():
     """Counters of the runtime: programs compiled, cache hits, transfers, CPU fallbacks."""
     m = dict(_C.stats())
     m["cpu_fallbacks"] = cpu_fallback_counts()
+    err = _C.disk_cache_error()
+    if err:
+        import warnings
+
+        warnings.warn(f"torch-pjrt disk cache: {err}", stacklevel=2)
     return m
 
 

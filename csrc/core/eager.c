@@ -5,8 +5,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 
+#include "diskcache.h"
 #include "runtime.h"
 
 /* ---- small growable byte buffer for cache keys --------------------------- */
@@ -88,6 +90,15 @@ typedef struct entry {
 static entry **g_buckets;
 static size_t g_nbuckets, g_nentries;
 static tp_eager_stats g_stats;
+static tp_diskcache *g_disk; /* persistent cache, NULL when off */
+static char g_disk_err[512]; /* last disk cache warning */
+
+static int64_t now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
 
 static void entry_free(entry *en) {
   if (!en) return;
@@ -147,6 +158,11 @@ void tp_eager_get_stats(tp_eager_stats *out) {
   tp_storage_lock();
   *out = g_stats;
   out->cached_programs = (int64_t)g_nentries;
+  if (g_disk) {
+    tp_diskcache_stats ds;
+    tp_diskcache_get_stats(g_disk, &ds);
+    out->disk_corrupt = ds.corrupt_dropped;
+  }
   tp_storage_unlock();
 }
 
@@ -583,13 +599,83 @@ static void build_key(kbuf *k, tp_lower_ctx *c, const char *op, const tp_eager_a
   }
 }
 
+/* ---- persistent cache ---------------------------------------------------------------------- */
+
+#define TP_VERSION "torch-pjrt 0.1.0"
+
+tp_status *tp_eager_set_disk_cache(const char *dir, int64_t cap_bytes) {
+  tp_plugin *p = tp_runtime_plugin();
+  if (!p) return tp_error(TP_FAILED_PRECONDITION, "the tpu runtime is not initialised");
+  /* What must match for an executable to be reused: our version, the
+   * plugin's platform, API and XLA version, and the plugin file itself. */
+  char version[1024];
+  struct stat sb;
+  long long size = stat(tp_plugin_path(p), &sb) == 0 ? (long long)sb.st_size : -1;
+  long long mtime = size >= 0 ? (long long)sb.st_mtime : -1;
+  snprintf(version, sizeof version, "%s; plugin %s api %s xla %s; %s %lld %lld", TP_VERSION, tp_plugin_platform(p),
+           tp_plugin_api_version(p), tp_plugin_xla_version(p), tp_plugin_path(p), size, mtime);
+  tp_diskcache *c = NULL;
+  if (dir && dir[0]) TP_RETURN_IF_ERROR(tp_diskcache_open(dir, cap_bytes, version, &c));
+  tp_storage_lock();
+  tp_diskcache_close(g_disk);
+  g_disk = c;
+  tp_storage_unlock();
+  return NULL;
+}
+
+int tp_eager_disk_cache_error(char *buf, size_t cap) {
+  tp_storage_lock();
+  int had = g_disk_err[0] != 0;
+  if (had) snprintf(buf, cap, "%s", g_disk_err);
+  g_disk_err[0] = 0;
+  tp_storage_unlock();
+  return had;
+}
+
+static void disk_warn(tp_status *st) {
+  snprintf(g_disk_err, sizeof g_disk_err, "%s", tp_status_message(st));
+  tp_status_free(st);
+}
+
+/* Compile `text`, or load it from the disk cache.  A stored executable the
+ * plugin refuses to load counts as a miss and is recompiled and replaced. */
+static tp_status *compile_cached(tp_plugin *p, const char *text, tp_exec **out) {
+  size_t len = strlen(text);
+  if (g_disk) {
+    void *blob = NULL;
+    size_t blen = 0;
+    tp_status *st = tp_diskcache_get(g_disk, text, len, &blob, &blen);
+    if (st) disk_warn(st);
+    if (blob) {
+      int64_t t0 = now_ns();
+      st = tp_exec_deserialize(p, blob, blen, out);
+      free(blob);
+      g_stats.load_ns += now_ns() - t0;
+      if (!st) {
+        g_stats.disk_hits++;
+        return NULL;
+      }
+      tp_status_free(st);
+    }
+    g_stats.disk_misses++;
+  }
+  int64_t t0 = now_ns();
+  tp_status *st = tp_compile(p, text, len, out);
+  g_stats.compile_ns += now_ns() - t0;
+  g_stats.compiles++;
+  if (st || !g_disk) return st;
+  void *ser = NULL;
+  size_t slen = 0;
+  tp_status *ws = tp_exec_serialize(*out, &ser, &slen);
+  if (!ws) ws = tp_diskcache_put(g_disk, text, len, ser, slen);
+  free(ser);
+  if (ws) disk_warn(ws);
+  else g_stats.disk_writes++;
+  return NULL;
+}
+
 /* ---- build ----------------------------------------------------------------------------- */
 
-static int64_t now_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
 
 static tp_status *build_entry(tp_plugin *p, tp_lower_ctx *c, const char *op, tp_lower_fn fn, const tp_eager_arg *args,
                               int nargs, const tp_type *out_types, const tp_tensor_ref *outs, int nouts,
@@ -661,10 +747,7 @@ static tp_status *build_entry(tp_plugin *p, tp_lower_ctx *c, const char *op, tp_
   }
   const char *dump = getenv("TORCH_PJRT_DUMP_MLIR");
   if (dump && dump[0] == '1') fprintf(stderr, "// torch-pjrt program for %s\n%s\n", op, text);
-  int64_t t0 = now_ns();
-  st = tp_compile(p, text, strlen(text), &en->exec);
-  g_stats.compile_ns += now_ns() - t0;
-  g_stats.compiles++;
+  st = compile_cached(p, text, &en->exec);
   if (st) {
     st = tp_error_wrap(st, "compiling %s (set TORCH_PJRT_DUMP_MLIR=1 to see the program)", op);
     goto done;

@@ -55,8 +55,17 @@ tp_status *tp_eager_read_host(const tp_tensor_ref *src, void *host);
  * (-1: all devices). */
 tp_status *tp_eager_synchronize(int device);
 
+/* Persistent cache of compiled programs: `dir` NULL or "" turns it off.
+ * Opening failures are returned (the caller warns and carries on without
+ * it).  Entries are keyed by the program text and the plugin's identity. */
+tp_status *tp_eager_set_disk_cache(const char *dir, int64_t cap_bytes);
+/* The last error the disk cache hit while reading or writing (a warning, never
+ * fatal), copied into buf; returns 0 if there was none since the last call. */
+int tp_eager_disk_cache_error(char *buf, size_t cap);
+
 typedef struct tp_eager_stats {
   int64_t cache_hits, cache_misses, compiles, compile_ns, executions;
+  int64_t disk_hits, disk_misses, disk_writes, disk_corrupt, load_ns;
   int64_t h2d_transfers, h2d_bytes, d2h_transfers, d2h_bytes;
   int64_t cached_programs;
 } tp_eager_stats;

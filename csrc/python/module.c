@@ -573,17 +573,56 @@ static PyObject *py_initial_seed(PyObject *self, PyObject *a) {
   return PyLong_FromUnsignedLongLong(tp_runtime_initial_seed(d));
 }
 
+static int put_num(PyObject *d, const char *k, PyObject *v) {
+  if (!v) return -1;
+  int r = PyDict_SetItemString(d, k, v);
+  Py_DECREF(v);
+  return r;
+}
+
 static PyObject *py_stats(PyObject *self, PyObject *unused) {
   (void)self;
   (void)unused;
   tp_eager_stats s;
   tp_eager_get_stats(&s);
-  return Py_BuildValue("{s:L,s:L,s:L,s:d,s:L,s:L,s:L,s:L,s:L,s:L}", "cache_hits", (long long)s.cache_hits,
-                       "cache_misses", (long long)s.cache_misses, "compiles", (long long)s.compiles,
-                       "compile_seconds", (double)s.compile_ns / 1e9, "executions", (long long)s.executions,
-                       "h2d_transfers", (long long)s.h2d_transfers, "h2d_bytes", (long long)s.h2d_bytes,
-                       "d2h_transfers", (long long)s.d2h_transfers, "d2h_bytes", (long long)s.d2h_bytes,
-                       "cached_programs", (long long)s.cached_programs);
+  PyObject *d = PyDict_New();
+  if (!d) return NULL;
+  const struct {
+    const char *k;
+    int64_t v;
+  } ints[] = {
+      {"compiles", s.compiles},           {"cache_hits", s.cache_hits},       {"cache_misses", s.cache_misses},
+      {"disk_hits", s.disk_hits},         {"disk_misses", s.disk_misses},     {"disk_writes", s.disk_writes},
+      {"disk_corrupt_dropped", s.disk_corrupt}, {"executions", s.executions}, {"h2d_transfers", s.h2d_transfers},
+      {"h2d_bytes", s.h2d_bytes},         {"d2h_transfers", s.d2h_transfers}, {"d2h_bytes", s.d2h_bytes},
+      {"cached_programs", s.cached_programs},
+  };
+  for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++)
+    if (put_num(d, ints[i].k, PyLong_FromLongLong(ints[i].v)) < 0) goto fail;
+  if (put_num(d, "compile_seconds", PyFloat_FromDouble((double)s.compile_ns / 1e9)) < 0) goto fail;
+  if (put_num(d, "disk_load_seconds", PyFloat_FromDouble((double)s.load_ns / 1e9)) < 0) goto fail;
+  return d;
+fail:
+  Py_DECREF(d);
+  return NULL;
+}
+
+static PyObject *py_set_disk_cache(PyObject *self, PyObject *a) {
+  (void)self;
+  const char *dir;
+  long long cap;
+  if (!PyArg_ParseTuple(a, "zL", &dir, &cap)) return NULL;
+  tp_status *st = tp_eager_set_disk_cache(dir, cap);
+  if (st) return raise_status(st);
+  Py_RETURN_NONE;
+}
+
+static PyObject *py_disk_cache_error(PyObject *self, PyObject *unused) {
+  (void)self;
+  (void)unused;
+  char buf[512];
+  if (!tp_eager_disk_cache_error(buf, sizeof buf)) Py_RETURN_NONE;
+  return PyUnicode_FromString(buf);
 }
 
 static PyObject *py_clear_cache(PyObject *self, PyObject *unused) {
@@ -613,6 +652,8 @@ static PyMethodDef methods[] = {
     {"manual_seed", py_manual_seed, METH_VARARGS, "manual_seed(device, seed)"},
     {"initial_seed", py_initial_seed, METH_VARARGS, "initial_seed(device) -> seed"},
     {"stats", py_stats, METH_NOARGS, "eager engine counters"},
+    {"set_disk_cache", py_set_disk_cache, METH_VARARGS, "set_disk_cache(dir or None, cap_bytes)"},
+    {"disk_cache_error", py_disk_cache_error, METH_NOARGS, "last disk cache warning, or None"},
     {"clear_cache", py_clear_cache, METH_NOARGS, "drop all cached programs"},
     {NULL, NULL, 0, NULL},
 };

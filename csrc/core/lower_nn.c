@@ -122,7 +122,7 @@ static tp_val opt_tensor(tp_emit *e, const tp_node *n, int i, tp_dtype ct) {
 }
 
 /* A rank-1 constant of i64 values. */
-__attribute__((unused)) static tp_val const_i64(tp_emit *e, const int64_t *v, int64_t cnt) {
+static tp_val const_i64(tp_emit *e, const int64_t *v, int64_t cnt) {
   size_t cap = 64 + (size_t)cnt * 24;
   char *s = malloc(cap);
   if (!s) return em_fail(e, TP_RESOURCE_EXHAUSTED, "out of memory building a program");
@@ -136,7 +136,7 @@ __attribute__((unused)) static tp_val const_i64(tp_emit *e, const int64_t *v, in
 }
 
 /* A rank-1 constant of floating values, in dtype dt (f32 or f64). */
-__attribute__((unused)) static tp_val const_f(tp_emit *e, const double *v, int64_t cnt, tp_dtype dt) {
+static tp_val const_f(tp_emit *e, const double *v, int64_t cnt, tp_dtype dt) {
   size_t cap = 64 + (size_t)cnt * 28;
   char *s = malloc(cap);
   if (!s) return em_fail(e, TP_RESOURCE_EXHAUSTED, "out of memory building a program");
@@ -555,7 +555,1089 @@ static void r_mse_loss_backward(tp_emit *e, const tp_node *n, tp_val *o) {
   o[0] = em_convert(e, mul(e, mulk(e, d, norm), g), n->outs[0].dt);
 }
 
+
+/* ---- convolution -------------------------------------------------------------------- */
+
+/* stablehlo.convolution.  Specs name each tensor dim: 'b'/'f' (lhs, out),
+ * 'o'/'i' (rhs), '0'..'9' spatial.  Negative padding is applied to the lhs
+ * with stablehlo.pad first. */
+static tp_val conv_general(tp_emit *e, tp_val lhs, tp_val rhs, const char *ls, const char *rs, const char *os,
+                           int nsp, const int64_t *wstride, const int64_t *lo_in, const int64_t *hi_in,
+                           const int64_t *ldil_in, const int64_t *rdil, int64_t fgc, int64_t bgc) {
+  int64_t lo[TP_MAX_RANK], hi[TP_MAX_RANK], ldil[TP_MAX_RANK];
+  int neg = 0;
+  for (int k = 0; k < nsp; k++) {
+    lo[k] = lo_in[k];
+    hi[k] = hi_in[k];
+    ldil[k] = ldil_in ? ldil_in[k] : 1;
+    neg |= lo[k] < 0 || hi[k] < 0;
+  }
+  if (neg) { /* pad (and dilate) the lhs explicitly: stablehlo.pad takes negative edges */
+    const tp_type *lt = em_type(e, lhs);
+    int r = lt->rank;
+    int64_t plo[TP_MAX_RANK] = {0}, phi[TP_MAX_RANK] = {0}, pin[TP_MAX_RANK] = {0};
+    for (int d = 0; d < r; d++) {
+      char c = ls[d];
+      if (c >= '0' && c <= '9') {
+        int k = c - '0';
+        plo[d] = lo[k];
+        phi[d] = hi[k];
+        pin[d] = ldil[k] - 1;
+        lo[k] = hi[k] = 0;
+        ldil[k] = 1;
+      }
+    }
+    tp_dtype dt = lt->dt;
+    lhs = em_pad(e, lhs, em_const(e, 0, dt), plo, phi, pin);
+  }
+  tp_type lt = *em_type(e, lhs), rt = *em_type(e, rhs);
+  int64_t lsp[TP_MAX_RANK], rsp[TP_MAX_RANK], lb = 0, ro = 0;
+  for (int d = 0; d < lt.rank; d++) {
+    if (ls[d] == 'b') lb = lt.dims[d];
+    else if (ls[d] >= '0' && ls[d] <= '9') lsp[ls[d] - '0'] = lt.dims[d];
+  }
+  for (int d = 0; d < rt.rank; d++) {
+    if (rs[d] == 'o') ro = rt.dims[d];
+    else if (rs[d] >= '0' && rs[d] <= '9') rsp[rs[d] - '0'] = rt.dims[d];
+  }
+  tp_type ot = tp_type_make(lt.dt, 0, NULL);
+  ot.rank = lt.rank;
+  for (int d = 0; d < ot.rank; d++) {
+    char c = os[d];
+    if (c == 'b') ot.dims[d] = bgc ? lb / bgc : 0;
+    else if (c == 'f') ot.dims[d] = ro;
+    else {
+      int k = c - '0';
+      int64_t in = lsp[k] > 0 ? (lsp[k] - 1) * ldil[k] + 1 : 0;
+      in += lo[k] + hi[k];
+      int64_t win = rsp[k] > 0 ? (rsp[k] - 1) * rdil[k] + 1 : 0;
+      ot.dims[d] = in < win || rsp[k] == 0 ? 0 : (in - win) / wstride[k] + 1;
+    }
+  }
+  /* attributes */
+  char spec[3][64];
+  const char *src[3] = {ls, rs, os};
+  for (int j = 0; j < 3; j++) {
+    size_t k = 0;
+    for (int d = 0; src[j][d]; d++) k += (size_t)snprintf(spec[j] + k, sizeof spec[j] - k, "%s%c", d ? ", " : "", src[j][d]);
+  }
+  char attrs[1400];
+  size_t k = (size_t)snprintf(attrs, sizeof attrs,
+                              "batch_group_count = %" PRId64 " : i64, dimension_numbers = #stablehlo.conv<[%s]x[%s]->[%s]>, "
+                              "feature_group_count = %" PRId64 " : i64, lhs_dilation = array<i64",
+                              bgc, spec[0], spec[1], spec[2], fgc);
+#define LIST(v)                                                                                                  \
+  for (int i = 0; i < nsp; i++) k += (size_t)snprintf(attrs + k, sizeof attrs - k, "%s%" PRId64, i ? ", " : ": ", (v)[i])
+  LIST(ldil);
+  k += (size_t)snprintf(attrs + k, sizeof attrs - k, ">, padding = dense<[");
+  for (int i = 0; i < nsp; i++)
+    k += (size_t)snprintf(attrs + k, sizeof attrs - k, "%s[%" PRId64 ", %" PRId64 "]", i ? ", " : "", lo[i], hi[i]);
+  k += (size_t)snprintf(attrs + k, sizeof attrs - k, "]> : tensor<%dx2xi64>, precision_config = [#stablehlo<precision HIGHEST>, #stablehlo<precision HIGHEST>], rhs_dilation = array<i64", nsp);
+  LIST(rdil);
+  k += (size_t)snprintf(attrs + k, sizeof attrs - k, ">, window_strides = array<i64");
+  LIST(wstride);
+  snprintf(attrs + k, sizeof attrs - k, ">");
+#undef LIST
+  tp_val in[2] = {lhs, rhs};
+  return em_op(e, "stablehlo.convolution", attrs, in, 2, &ot);
+}
+
+/* The specs for nsp spatial dims: "bf01..", "oi01..". */
+static void conv_specs(int nsp, char *bf, char *oi, char *fb, char *io) {
+  bf[0] = 'b', bf[1] = 'f';
+  oi[0] = 'o', oi[1] = 'i';
+  fb[0] = 'f', fb[1] = 'b';
+  io[0] = 'i', io[1] = 'o';
+  for (int k = 0; k < nsp; k++) bf[2 + k] = oi[2 + k] = fb[2 + k] = io[2 + k] = (char)('0' + k);
+  bf[2 + nsp] = oi[2 + nsp] = fb[2 + nsp] = io[2 + nsp] = 0;
+}
+
+typedef struct conv_params {
+  int nsp;
+  int64_t stride[TP_MAX_RANK], pad[TP_MAX_RANK], dil[TP_MAX_RANK], opad[TP_MAX_RANK];
+  int transposed;
+  int64_t groups;
+} conv_params;
+
+/* Read a per-spatial-dim int list (a single value applies to every dim). */
+static int conv_list(tp_emit *e, const tp_node *n, int i, int nsp, int64_t def, int64_t *out, const char *what) {
+  const int64_t *v;
+  int k = lw_ints(n, i, &v);
+  for (int j = 0; j < nsp; j++) out[j] = k == 0 ? def : k == 1 ? v[0] : j < k ? v[j] : def;
+  if (k > 1 && k != nsp) {
+    em_fail(e, TP_INVALID_ARGUMENT, "%s: expected %s to have %d elements, got %d", n->op, what, nsp, k);
+    return 0;
+  }
+  return 1;
+}
+
+/* Arguments from `si` on: stride, padding, dilation, transposed, output_padding, groups. */
+static int conv_read(tp_emit *e, const tp_node *n, int si, int nsp, conv_params *p) {
+  p->nsp = nsp;
+  if (nsp < 1 || nsp > 3) {
+    em_fail(e, TP_UNIMPLEMENTED, "%s: %d spatial dims (1 to 3 are supported)", n->op, nsp);
+    return 0;
+  }
+  if (!conv_list(e, n, si, nsp, 1, p->stride, "stride") || !conv_list(e, n, si + 1, nsp, 0, p->pad, "padding") ||
+      !conv_list(e, n, si + 2, nsp, 1, p->dil, "dilation") ||
+      !conv_list(e, n, si + 4, nsp, 0, p->opad, "output_padding"))
+    return 0;
+  p->transposed = lw_bool(n, si + 3, 0);
+  p->groups = lw_int(n, si + 5, 1);
+  if (p->groups < 1) {
+    em_fail(e, TP_INVALID_ARGUMENT, "%s: non-positive groups is not supported", n->op);
+    return 0;
+  }
+  for (int k = 0; k < nsp; k++)
+    if (p->stride[k] < 1 || p->dil[k] < 1 || p->pad[k] < 0) {
+      em_fail(e, TP_INVALID_ARGUMENT, "%s: stride and dilation must be positive and padding non-negative", n->op);
+      return 0;
+    }
+  return 1;
+}
+
+/* Normal convolution of x [N, C, sp] with w [O, C/g, k]: [N, O, out]. */
+static tp_val conv_fwd(tp_emit *e, tp_val x, tp_val w, const conv_params *p) {
+  char bf[16], oi[16], fb[16], io[16];
+  conv_specs(p->nsp, bf, oi, fb, io);
+  return conv_general(e, x, w, bf, oi, bf, p->nsp, p->stride, p->pad, p->pad, NULL, p->dil, p->groups, 1);
+}
+
+/* Transposed convolution of x [N, Cin, sp] with w [Cin, Cout/g, k], output
+ * spatial sizes `target`: the gradient of conv_fwd with respect to its input. */
+static tp_val conv_bwd_data(tp_emit *e, tp_val x, tp_val w, const conv_params *p, const int64_t *target) {
+  int nsp = p->nsp;
+  tp_type wt = *em_type(e, w), xt = *em_type(e, x);
+  int64_t g = p->groups, cin = wt.dims[0], coutg = wt.dims[1];
+  /* [Cin, Cout/g, k] -> [g, Cin/g, Cout/g, k] -> [g, Cout/g, Cin/g, k] -> [Cout, Cin/g, k], flipped */
+  int64_t d5[TP_MAX_RANK + 1], perm[TP_MAX_RANK + 1], d4[TP_MAX_RANK];
+  d5[0] = g, d5[1] = cin / g, d5[2] = coutg;
+  perm[0] = 0, perm[1] = 2, perm[2] = 1;
+  d4[0] = g * coutg, d4[1] = cin / g;
+  for (int k = 0; k < nsp; k++) {
+    d5[3 + k] = wt.dims[2 + k];
+    perm[3 + k] = 3 + k;
+    d4[2 + k] = wt.dims[2 + k];
+  }
+  tp_val k5 = em_reshape(e, w, nsp + 3, d5);
+  k5 = em_transpose(e, k5, perm);
+  tp_val kern = em_reshape(e, k5, nsp + 2, d4);
+  char rev[160];
+  size_t q = (size_t)snprintf(rev, sizeof rev, "dimensions = array<i64");
+  for (int k = 0; k < nsp; k++) q += (size_t)snprintf(rev + q, sizeof rev - q, "%s%d", k ? ", " : ": ", 2 + k);
+  snprintf(rev + q, sizeof rev - q, ">");
+  tp_type kt = *em_type(e, kern);
+  kern = em_op(e, "stablehlo.reverse", rev, &kern, 1, &kt);
+  int64_t lo[TP_MAX_RANK], hi[TP_MAX_RANK], one[TP_MAX_RANK];
+  for (int k = 0; k < nsp; k++) {
+    int64_t kk = wt.dims[2 + k], in = xt.dims[2 + k];
+    lo[k] = p->dil[k] * (kk - 1) - p->pad[k];
+    hi[k] = target[k] + p->pad[k] - 1 - (in - 1) * p->stride[k];
+    one[k] = 1;
+  }
+  char bf[16], oi[16], fb[16], io[16];
+  conv_specs(nsp, bf, oi, fb, io);
+  return conv_general(e, x, kern, bf, oi, bf, nsp, one, lo, hi, p->stride, p->dil, g, 1);
+}
+
+/* Gradient of conv_fwd(x, w) with respect to w, for x [N, C, sp] and
+ * gy [N, O, out]: [O, C/g, ksize]. */
+static tp_val conv_bwd_filter(tp_emit *e, tp_val x, tp_val gy, const conv_params *p, const int64_t *ksize) {
+  int nsp = p->nsp;
+  tp_type xt = *em_type(e, x), gt = *em_type(e, gy);
+  int64_t lo[TP_MAX_RANK], hi[TP_MAX_RANK];
+  for (int k = 0; k < nsp; k++) {
+    int64_t in = xt.dims[2 + k], out = gt.dims[2 + k];
+    lo[k] = p->pad[k];
+    hi[k] = (ksize[k] - 1) * p->dil[k] + (out > 0 ? (out - 1) * p->stride[k] + 1 : 0) - in - p->pad[k];
+  }
+  char bf[16], oi[16], fb[16], io[16];
+  conv_specs(nsp, bf, oi, fb, io);
+  return conv_general(e, x, gy, fb, io, fb, nsp, p->dil, lo, hi, NULL, p->stride, 1, p->groups);
+}
+
+/* convolution(input, weight, bias?, stride, padding, dilation, transposed, output_padding, groups) */
+static void r_convolution(tp_emit *e, const tp_node *n, tp_val *o) {
+  tp_val x0 = lw_value(e, n, 0), w0 = lw_value(e, n, 1);
+  tp_type xt = *em_type(e, x0), wt = *em_type(e, w0);
+  conv_params p;
+  if (!conv_read(e, n, 3, wt.rank - 2, &p)) return;
+  if (xt.rank != wt.rank) {
+    o[0] = em_fail(e, TP_INVALID_ARGUMENT, "%s: expected a batched %dD input for a %dD weight", n->op, wt.rank, wt.rank);
+    return;
+  }
+  tp_dtype ct = lw_opmath(n->outs[0].dt);
+  tp_val x = em_convert(e, x0, ct), w = em_convert(e, w0, ct);
+  tp_val y;
+  if (!p.transposed) {
+    y = conv_fwd(e, x, w, &p);
+  } else {
+    int64_t target[TP_MAX_RANK];
+    for (int k = 0; k < p.nsp; k++) target[k] = n->outs[0].dims[2 + k];
+    y = conv_bwd_data(e, x, w, &p, target);
+  }
+  tp_val b = opt_tensor(e, n, 2, ct);
+  if (b >= 0) {
+    tp_type yt = *em_type(e, y);
+    int64_t one = 1;
+    y = add(e, y, bcast(e, b, &yt, &one));
+  }
+  o[0] = em_convert(e, y, n->outs[0].dt);
+}
+
+/* Backward: gi = argument index of grad_output; bias_sizes at gi + 3 if has_bs;
+ * then stride..groups, output_mask. */
+static void conv_backward(tp_emit *e, const tp_node *n, tp_val *o, int has_bs) {
+  tp_val gy0 = lw_value(e, n, 0), x0 = lw_value(e, n, 1), w0 = lw_value(e, n, 2);
+  tp_type xt = *em_type(e, x0), wt = *em_type(e, w0);
+  int si = has_bs ? 4 : 3;
+  conv_params p;
+  if (!conv_read(e, n, si, wt.rank - 2, &p)) return;
+  int mi = si + 6;
+  int def[3] = {mask_bit(n, mi, 0), mask_bit(n, mi, 1), mask_bit(n, mi, 2)};
+  int slot[3];
+  if (!map_outs(e, n, def, 3, slot)) return;
+  tp_dtype ct = lw_opmath(xt.dt);
+  tp_val gy = em_convert(e, gy0, ct), x = em_convert(e, x0, ct), w = em_convert(e, w0, ct);
+  int64_t xsp[TP_MAX_RANK], ksz[TP_MAX_RANK];
+  for (int k = 0; k < p.nsp; k++) {
+    xsp[k] = xt.dims[2 + k];
+    ksz[k] = wt.dims[2 + k];
+  }
+  if (def[0] && slot[0] >= 0) {
+    tp_val gx = p.transposed ? conv_fwd(e, gy, w, &p) : conv_bwd_data(e, gy, w, &p, xsp);
+    put_opt(e, n, o, slot, def, 0, gx);
+  } else {
+    put_opt(e, n, o, slot, def, 0, -1);
+  }
+  if (def[1] && slot[1] >= 0) {
+    tp_val gw = p.transposed ? conv_bwd_filter(e, gy, x, &p, ksz) : conv_bwd_filter(e, x, gy, &p, ksz);
+    put_opt(e, n, o, slot, def, 1, gw);
+  } else {
+    put_opt(e, n, o, slot, def, 1, -1);
+  }
+  if (def[2] && slot[2] >= 0) {
+    int64_t rd[TP_MAX_RANK];
+    int nr = bn_dims(rank_of(e, gy), rd);
+    put_opt(e, n, o, slot, def, 2, rsum(e, gy, rd, nr));
+  } else {
+    put_opt(e, n, o, slot, def, 2, -1);
+  }
+}
+
+/* convolution_backward(grad_output, input, weight, bias_sizes?, stride, padding, dilation,
+ * transposed, output_padding, groups, output_mask) -> (grad_input, grad_weight, grad_bias) */
+static void r_convolution_backward(tp_emit *e, const tp_node *n, tp_val *o) { conv_backward(e, n, o, 1); }
+
+
+/* ---- gathers and scatters along one dim with host-known indices ------------------------ */
+
+/* x with dim `d` replaced by m entries: x[..., idx[j], ...]. */
+static tp_val gather_dim(tp_emit *e, tp_val x, int d, const int64_t *idx, int64_t m) {
+  tp_type t = *em_type(e, x);
+  tp_val iv = em_reshape(e, const_i64(e, idx, m), 2, (int64_t[]){m, 1});
+  tp_type ot = t;
+  ot.dims[d] = m;
+  char attrs[600], offs[160], sizes[200];
+  size_t a = 0, b = 0;
+  offs[0] = sizes[0] = 0;
+  for (int i = 0; i < t.rank; i++) {
+    if (i != d) a += (size_t)snprintf(offs + a, sizeof offs - a, "%s%d", a ? ", " : "", i);
+    b += (size_t)snprintf(sizes + b, sizeof sizes - b, "%s%" PRId64, i ? ", " : "", i == d ? (int64_t)1 : t.dims[i]);
+  }
+  snprintf(attrs, sizeof attrs,
+           "dimension_numbers = #stablehlo.gather<offset_dims = [%s], collapsed_slice_dims = [%d], "
+           "start_index_map = [%d], index_vector_dim = 1>, slice_sizes = array<i64: %s>, indices_are_sorted = false",
+           offs, d, d, sizes);
+  tp_val in[2] = {x, iv};
+  return em_op(e, "stablehlo.gather", attrs, in, 2, &ot);
+}
+
+/* The transpose of gather_dim: out[..., idx[j], ...] += v[..., j, ...], out's dim d of size `size`. */
+static tp_val scatter_add_dim(tp_emit *e, tp_val v, int d, const int64_t *idx, int64_t size) {
+  tp_type t = *em_type(e, v);
+  int64_t A = 1, B = 1, m = t.dims[d];
+  for (int i = 0; i < d; i++) A *= t.dims[i];
+  for (int i = d + 1; i < t.rank; i++) B *= t.dims[i];
+  int64_t d3[3] = {A, m, B};
+  tp_type it = tp_type_make(TP_I64, 3, d3);
+  int64_t one = 1;
+  tp_val col = bcast(e, const_i64(e, idx, m), &it, &one);
+  tp_val flat = add(e, add(e, mul(e, em_iota(e, &it, 0), em_full(e, (double)(size * B), &it)),
+                           mul(e, col, em_full(e, (double)B, &it))),
+                    em_iota(e, &it, 2));
+  int64_t total = A * size * B;
+  tp_type zt = tp_type_make(t.dt, 1, &total);
+  tp_val r = em_scatter_flat(e, em_full(e, 0, &zt), flat, em_reshape(e, v, 3, d3), "stablehlo.add");
+  tp_type ot = t;
+  ot.dims[d] = size;
+  return em_reshape(e, r, ot.rank, ot.dims);
+}
+
+/* ---- pooling ------------------------------------------------------------------------------- */
+
+typedef struct pool_params {
+  int nsp;   /* spatial dims */
+  int lead;  /* dims before the spatial ones (1 unbatched, 2 batched) */
+  int64_t k[3], s[3], p[3], d[3];
+  int ceil_mode;
+} pool_params;
+
+/* Arguments at ki..: kernel_size, stride, padding[, dilation] (di < 0: none); input rank. */
+static int pool_read(tp_emit *e, const tp_node *n, int nsp, int rank, int ki, int di, pool_params *pp) {
+  pp->nsp = nsp;
+  pp->lead = rank - nsp;
+  if (pp->lead != 1 && pp->lead != 2) {
+    em_fail(e, TP_INVALID_ARGUMENT, "%s: expected a %dD or %dD input, got %dD", n->op, nsp + 1, nsp + 2, rank);
+    return 0;
+  }
+  const int64_t *v;
+  int c = lw_ints(n, ki, &v);
+  if (c != 1 && c != nsp) {
+    em_fail(e, TP_INVALID_ARGUMENT, "%s: kernel_size must have 1 or %d elements", n->op, nsp);
+    return 0;
+  }
+  for (int i = 0; i < nsp; i++) pp->k[i] = v[c == 1 ? 0 : i];
+  c = lw_ints(n, ki + 1, &v);
+  for (int i = 0; i < nsp; i++) pp->s[i] = c == 0 ? pp->k[i] : v[c == 1 ? 0 : i];
+  c = lw_ints(n, ki + 2, &v);
+  for (int i = 0; i < nsp; i++) pp->p[i] = c == 0 ? 0 : v[c == 1 ? 0 : i];
+  if (di >= 0) {
+    c = lw_ints(n, di, &v);
+    for (int i = 0; i < nsp; i++) pp->d[i] = c == 0 ? 1 : v[c == 1 ? 0 : i];
+  } else {
+    for (int i = 0; i < nsp; i++) pp->d[i] = 1;
+  }
+  for (int i = 0; i < nsp; i++)
+    if (pp->k[i] < 1 || pp->s[i] < 1 || pp->d[i] < 1 || pp->p[i] < 0) {
+      em_fail(e, TP_INVALID_ARGUMENT, "%s: kernel_size, stride and dilation must be positive, padding non-negative",
+              n->op);
+      return 0;
+    }
+  return 1;
+}
+
+/* max_poolNd_with_indices(self, kernel_size, stride, padding, dilation, ceil_mode) -> (out, indices) */
+static void max_pool(tp_emit *e, const tp_node *n, tp_val *o, int nsp) {
+  tp_val x = lw_value(e, n, 0);
+  tp_type t = *em_type(e, x);
+  pool_params pp;
+  if (!pool_read(e, n, nsp, t.rank, 1, 4, &pp)) return;
+  const tp_type *ot = OUT(0);
+  int L = pp.lead;
+  int64_t osz[3], isz[3];
+  for (int i = 0; i < nsp; i++) {
+    osz[i] = ot->dims[L + i];
+    isz[i] = t.dims[L + i];
+  }
+  /* pad with anything (masked below) so every window position exists */
+  int64_t lo[TP_MAX_RANK] = {0}, hi[TP_MAX_RANK] = {0};
+  for (int i = 0; i < nsp; i++) {
+    lo[L + i] = pp.p[i];
+    hi[L + i] = (osz[i] > 0 ? (osz[i] - 1) * pp.s[i] : 0) + (pp.k[i] - 1) * pp.d[i] + 1 - isz[i] - pp.p[i];
+  }
+  int isf = tp_dtype_is_float(t.dt);
+  tp_val xp = em_pad(e, x, em_const(e, isf ? -INFINITY : 0, t.dt), lo, hi, NULL);
+  tp_type vt = *ot;
+  vt.dt = t.dt;
+  tp_type it = vt;
+  it.dt = TP_I64;
+  tp_val m = em_full(e, 0, &vt), idx = em_full(e, -1, &it);
+  tp_val neg1 = em_full(e, -1, &it);
+  int64_t koff[3] = {0, 0, 0};
+  int64_t nk = 1;
+  for (int i = 0; i < nsp; i++) nk *= pp.k[i];
+  for (int64_t q = 0; q < nk; q++) {
+    int64_t r = q;
+    for (int i = nsp - 1; i >= 0; i--) {
+      koff[i] = r % pp.k[i];
+      r /= pp.k[i];
+    }
+    int64_t st[TP_MAX_RANK] = {0}, lim[TP_MAX_RANK], str[TP_MAX_RANK];
+    for (int dd = 0; dd < t.rank; dd++) {
+      lim[dd] = em_type(e, xp)->dims[dd];
+      str[dd] = 1;
+    }
+    tp_val valid = -1, flat = -1;
+    for (int i = 0; i < nsp; i++) {
+      int dd = L + i;
+      st[dd] = koff[i] * pp.d[i];
+      lim[dd] = st[dd] + (osz[i] > 0 ? (osz[i] - 1) * pp.s[i] + 1 : 0);
+      str[dd] = pp.s[i];
+      /* input position along this dim: o * s - p + koff * d */
+      tp_val pos = add(e, mul(e, em_iota(e, &it, dd), em_full(e, (double)pp.s[i], &it)),
+                       em_full(e, (double)(koff[i] * pp.d[i] - pp.p[i]), &it));
+      tp_val ok = em_binary(e, "stablehlo.and", em_compare(e, "GE", pos, em_full(e, 0, &it)),
+                            em_compare(e, "LT", pos, em_full(e, (double)isz[i], &it)));
+      valid = valid < 0 ? ok : em_binary(e, "stablehlo.and", valid, ok);
+      flat = flat < 0 ? pos : add(e, mul(e, flat, em_full(e, (double)isz[i], &it)), pos);
+    }
+    tp_val v = em_slice(e, xp, st, lim, str);
+    tp_val upd = em_binary(e, "stablehlo.or", em_compare(e, "EQ", idx, neg1), em_compare(e, "GT", v, m));
+    if (isf) upd = em_binary(e, "stablehlo.or", upd, em_compare(e, "NE", v, v));
+    upd = em_binary(e, "stablehlo.and", upd, valid);
+    m = em_select(e, upd, v, m);
+    idx = em_select(e, upd, flat, idx);
+  }
+  o[0] = em_convert(e, m, ot->dt);
+  if (n->nouts > 1) o[1] = em_convert(e, idx, n->outs[1].dt);
+}
+static void r_max_pool2d(tp_emit *e, const tp_node *n, tp_val *o) { max_pool(e, n, o, 2); }
+static void r_max_pool3d(tp_emit *e, const tp_node *n, tp_val *o) { max_pool(e, n, o, 3); }
+
+/* max_poolNd_with_indices_backward(grad_output, self, kernel_size, stride, padding, dilation,
+ * ceil_mode, indices): scatter-add into the input plane. */
+static void max_pool_backward(tp_emit *e, const tp_node *n, tp_val *o, int nsp) {
+  tp_type xt = *em_type(e, lw_value(e, n, 1));
+  tp_dtype ct = lw_opmath(n->outs[0].dt);
+  tp_val idx = lw_tensor(e, n, 7, TP_I64);
+  tp_type gt = *em_type(e, idx);
+  tp_type gct = gt;
+  gct.dt = ct;
+  tp_val g = lw_operand(e, n, 0, &gct);
+  int lead = xt.rank - nsp;
+  if (lead < 1) {
+    o[0] = em_fail(e, TP_INVALID_ARGUMENT, "%s: bad input rank %d", n->op, xt.rank);
+    return;
+  }
+  int64_t plane = 1;
+  for (int i = 0; i < nsp; i++) plane *= xt.dims[lead + i];
+  /* flat = (plane index) * plane + idx, planes numbered over the lead dims */
+  tp_val base = em_full(e, 0, &gt);
+  for (int i = 0; i < lead; i++)
+    base = add(e, mul(e, base, em_full(e, (double)gt.dims[i], &gt)), em_iota(e, &gt, i));
+  tp_val flat = add(e, mul(e, base, em_full(e, (double)plane, &gt)), idx);
+  int64_t total = numel_of(&xt);
+  tp_type zt = tp_type_make(ct, 1, &total);
+  tp_val r = em_scatter_flat(e, em_full(e, 0, &zt), flat, g, "stablehlo.add");
+  o[0] = as_out(e, n, 0, r);
+}
+static void r_max_pool2d_backward(tp_emit *e, const tp_node *n, tp_val *o) { max_pool_backward(e, n, o, 2); }
+static void r_max_pool3d_backward(tp_emit *e, const tp_node *n, tp_val *o) { max_pool_backward(e, n, o, 3); }
+
+/* Divisors of avg_poolNd for each output position (PyTorch's CPU rule),
+ * as a value of shape osz (nsp dims), dtype ct. */
+static tp_val avg_divisors(tp_emit *e, const pool_params *pp, const int64_t *isz, const int64_t *osz, int cip,
+                           int64_t dov, int has_dov, tp_dtype ct) {
+  int nsp = pp->nsp;
+  int64_t tot = 1;
+  for (int i = 0; i < nsp; i++) tot *= osz[i];
+  double *dv_ = malloc(sizeof(double) * (size_t)(tot ? tot : 1));
+  if (!dv_) return em_fail(e, TP_RESOURCE_EXHAUSTED, "out of memory building a program");
+  for (int64_t q = 0; q < tot; q++) {
+    int64_t r = q, pool = 1, cnt = 1;
+    for (int i = nsp - 1; i >= 0; i--) {
+      int64_t oi = r % osz[i];
+      r /= osz[i];
+      int64_t st = oi * pp->s[i] - pp->p[i];
+      int64_t en = st + pp->k[i] < isz[i] + pp->p[i] ? st + pp->k[i] : isz[i] + pp->p[i];
+      pool *= en - st;
+      int64_t st2 = st > 0 ? st : 0, en2 = en < isz[i] ? en : isz[i];
+      cnt *= en2 > st2 ? en2 - st2 : 0;
+    }
+    double dvv = has_dov ? (double)dov : cip ? (double)pool : (double)cnt;
+    dv_[q] = cnt == 0 || dvv == 0 ? 1.0 : dvv; /* empty windows sum to 0 */
+  }
+  tp_val c = const_f(e, dv_, tot, ct == TP_F64 ? TP_F64 : TP_F32);
+  free(dv_);
+  return em_reshape(e, em_convert(e, c, ct), nsp, osz);
+}
+
+/* avg_poolNd(self, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override?) */
+static void avg_pool(tp_emit *e, const tp_node *n, tp_val *o, int nsp) {
+  tp_val x0 = lw_value(e, n, 0);
+  tp_type t = *em_type(e, x0);
+  pool_params pp;
+  if (!pool_read(e, n, nsp, t.rank, 1, -1, &pp)) return;
+  int cip = lw_bool(n, 5, 1), has_dov = !lw_is_none(n, 6);
+  int64_t dov = lw_int(n, 6, 0);
+  if (has_dov && dov == 0) {
+    o[0] = em_fail(e, TP_INVALID_ARGUMENT, "%s: divisor must be not zero", n->op);
+    return;
+  }
+  tp_dtype ct = lw_opmath(n->outs[0].dt);
+  int L = pp.lead;
+  int64_t isz[3], osz[3], P = 1;
+  for (int i = 0; i < L; i++) P *= t.dims[i];
+  for (int i = 0; i < nsp; i++) {
+    isz[i] = t.dims[L + i];
+    osz[i] = n->outs[0].dims[L + i];
+  }
+  /* sums: a ones-kernel convolution of [P, 1, sp] */
+  int64_t xd[TP_MAX_RANK], kd[TP_MAX_RANK];
+  xd[0] = P, xd[1] = 1, kd[0] = kd[1] = 1;
+  for (int i = 0; i < nsp; i++) {
+    xd[2 + i] = isz[i];
+    kd[2 + i] = pp.k[i];
+  }
+  tp_val x = em_reshape(e, em_convert(e, x0, ct), nsp + 2, xd);
+  tp_type kt = tp_type_make(ct, nsp + 2, kd);
+  conv_params cp = {.nsp = nsp, .groups = 1};
+  int64_t lo[3], hi[3];
+  for (int i = 0; i < nsp; i++) {
+    cp.stride[i] = pp.s[i];
+    cp.dil[i] = 1;
+    lo[i] = pp.p[i];
+    hi[i] = (osz[i] > 0 ? (osz[i] - 1) * pp.s[i] : 0) + pp.k[i] - isz[i] - pp.p[i];
+  }
+  char bf[16], oi[16], fb[16], io[16];
+  conv_specs(nsp, bf, oi, fb, io);
+  tp_val sums = conv_general(e, x, em_full(e, 1, &kt), bf, oi, bf, nsp, cp.stride, lo, hi, NULL, cp.dil, 1, 1);
+  tp_type st = *em_type(e, sums);
+  int64_t map[3];
+  for (int i = 0; i < nsp; i++) map[i] = 2 + i;
+  tp_val div = bcast(e, avg_divisors(e, &pp, isz, osz, cip, dov, has_dov, ct), &st, map);
+  o[0] = as_out(e, n, 0, dv(e, sums, div));
+}
+static void r_avg_pool2d(tp_emit *e, const tp_node *n, tp_val *o) { avg_pool(e, n, o, 2); }
+static void r_avg_pool3d(tp_emit *e, const tp_node *n, tp_val *o) { avg_pool(e, n, o, 3); }
+
+/* avg_poolNd_backward(grad_output, self, kernel_size, stride, padding, ceil_mode,
+ * count_include_pad, divisor_override?) */
+static void avg_pool_backward(tp_emit *e, const tp_node *n, tp_val *o, int nsp) {
+  tp_type t = *em_type(e, lw_value(e, n, 1));
+  pool_params pp;
+  if (!pool_read(e, n, nsp, t.rank, 2, -1, &pp)) return;
+  int cip = lw_bool(n, 6, 1), has_dov = !lw_is_none(n, 7);
+  int64_t dov = lw_int(n, 7, 0);
+  if (has_dov && dov == 0) {
+    o[0] = em_fail(e, TP_INVALID_ARGUMENT, "%s: divisor must be not zero", n->op);
+    return;
+  }
+  tp_dtype ct = lw_opmath(n->outs[0].dt);
+  tp_val g0 = lw_tensor(e, n, 0, ct);
+  tp_type gt = *em_type(e, g0);
+  int L = pp.lead;
+  int64_t isz[3], osz[3], P = 1;
+  for (int i = 0; i < L; i++) P *= t.dims[i];
+  for (int i = 0; i < nsp; i++) {
+    isz[i] = t.dims[L + i];
+    osz[i] = gt.dims[L + i];
+  }
+  int64_t gd[TP_MAX_RANK], kd[TP_MAX_RANK], map[3];
+  gd[0] = P, gd[1] = 1, kd[0] = kd[1] = 1;
+  for (int i = 0; i < nsp; i++) {
+    gd[2 + i] = osz[i];
+    kd[2 + i] = pp.k[i];
+    map[i] = 2 + i;
+  }
+  tp_val g = em_reshape(e, g0, nsp + 2, gd);
+  tp_type g4 = *em_type(e, g);
+  g = dv(e, g, bcast(e, avg_divisors(e, &pp, isz, osz, cip, dov, has_dov, ct), &g4, map));
+  tp_type kt = tp_type_make(ct, nsp + 2, kd);
+  conv_params cp = {.nsp = nsp, .groups = 1};
+  for (int i = 0; i < nsp; i++) {
+    cp.stride[i] = pp.s[i];
+    cp.pad[i] = pp.p[i];
+    cp.dil[i] = 1;
+  }
+  o[0] = as_out(e, n, 0, conv_bwd_data(e, g, em_full(e, 1, &kt), &cp, isz));
+}
+static void r_avg_pool2d_backward(tp_emit *e, const tp_node *n, tp_val *o) { avg_pool_backward(e, n, o, 2); }
+static void r_avg_pool3d_backward(tp_emit *e, const tp_node *n, tp_val *o) { avg_pool_backward(e, n, o, 3); }
+
+/* Adaptive average pooling bins along one dim: [floor(o*I/O), ceil((o+1)*I/O)). */
+static int64_t adaptive_bins(int64_t I, int64_t O, int64_t *start, int64_t *len) {
+  int64_t maxlen = 0;
+  for (int64_t q = 0; q < O; q++) {
+    int64_t a = (q * I) / O, b = ((q + 1) * I + O - 1) / O;
+    start[q] = a;
+    len[q] = b - a;
+    if (len[q] > maxlen) maxlen = len[q];
+  }
+  return maxlen;
+}
+
+/* Sum x over adaptive bins along dim d (I -> O). */
+static tp_val adaptive_sum_dim(tp_emit *e, tp_val x, int d, int64_t O) {
+  tp_type t = *em_type(e, x);
+  int64_t I = t.dims[d];
+  if (O > 0 && I % O == 0) { /* uniform bins: reshape and reduce */
+    int64_t dims[TP_MAX_RANK + 1];
+    int r = 0;
+    for (int i = 0; i < t.rank; i++) {
+      if (i == d) {
+        dims[r++] = O;
+        dims[r++] = I / O;
+      } else {
+        dims[r++] = t.dims[i];
+      }
+    }
+    int64_t rd = d + 1;
+    return rsum(e, em_reshape(e, x, r, dims), &rd, 1);
+  }
+  int64_t *start = malloc(sizeof(int64_t) * (size_t)(2 * O + 1));
+  if (!start) return em_fail(e, TP_RESOURCE_EXHAUSTED, "out of memory building a program");
+  int64_t *len = start + O, *ix = malloc(sizeof(int64_t) * (size_t)(O + 1));
+  if (!ix) {
+    free(start);
+    return em_fail(e, TP_RESOURCE_EXHAUSTED, "out of memory building a program");
+  }
+  int64_t maxlen = adaptive_bins(I, O, start, len);
+  tp_val acc = -1;
+  for (int64_t j = 0; j < maxlen; j++) {
+    int all = 1;
+    for (int64_t q = 0; q < O; q++) {
+      ix[q] = start[q] + j < I ? start[q] + j : I - 1;
+      all &= j < len[q];
+    }
+    tp_val v = gather_dim(e, x, d, ix, O);
+    if (!all) {
+      int64_t *mk = ix; /* reuse as 0/1 mask */
+      for (int64_t q = 0; q < O; q++) mk[q] = j < len[q];
+      tp_type vt = *em_type(e, v);
+      tp_type mt = vt;
+      mt.dt = TP_I64;
+      int64_t dd = d;
+      tp_val m = bcast(e, const_i64(e, mk, O), &mt, &dd);
+      v = em_select(e, em_compare(e, "NE", m, em_full(e, 0, &mt)), v, kf(e, v, 0));
+    }
+    acc = acc < 0 ? v : add(e, acc, v);
+  }
+  free(start);
+  free(ix);
+  return acc;
+}
+
+/* Product over the spatial dims of the bin lengths, shape osz, dtype ct. */
+static tp_val adaptive_counts(tp_emit *e, int nsp, const int64_t *isz, const int64_t *osz, tp_dtype ct) {
+  int64_t tot = 1;
+  for (int i = 0; i < nsp; i++) tot *= osz[i];
+  double *c = malloc(sizeof(double) * (size_t)(tot ? tot : 1));
+  if (!c) return em_fail(e, TP_RESOURCE_EXHAUSTED, "out of memory building a program");
+  for (int64_t q = 0; q < tot; q++) {
+    int64_t r = q;
+    double v = 1;
+    for (int i = nsp - 1; i >= 0; i--) {
+      int64_t oi = r % osz[i];
+      r /= osz[i];
+      int64_t a = (oi * isz[i]) / osz[i], b = ((oi + 1) * isz[i] + osz[i] - 1) / osz[i];
+      v *= (double)(b - a);
+    }
+    c[q] = v;
+  }
+  tp_val r = const_f(e, c, tot, ct == TP_F64 ? TP_F64 : TP_F32);
+  free(c);
+  return em_reshape(e, em_convert(e, r, ct), nsp, osz);
+}
+
+/* _adaptive_avg_poolNd(self, output_size) */
+static void adaptive_avg_pool(tp_emit *e, const tp_node *n, tp_val *o, int nsp) {
+  tp_val x0 = lw_value(e, n, 0);
+  tp_type t = *em_type(e, x0);
+  int L = t.rank - nsp;
+  if (L < 1) {
+    o[0] = em_fail(e, TP_INVALID_ARGUMENT, "%s: bad input rank %d", n->op, t.rank);
+    return;
+  }
+  tp_dtype ct = lw_opmath(n->outs[0].dt);
+  tp_val x = em_convert(e, x0, ct);
+  int64_t isz[3], osz[3], map[3];
+  for (int i = 0; i < nsp; i++) {
+    isz[i] = t.dims[L + i];
+    osz[i] = n->outs[0].dims[L + i];
+    map[i] = L + i;
+  }
+  for (int i = 0; i < nsp; i++) x = adaptive_sum_dim(e, x, L + i, osz[i]);
+  tp_type st = *em_type(e, x);
+  o[0] = as_out(e, n, 0, dv(e, x, bcast(e, adaptive_counts(e, nsp, isz, osz, ct), &st, map)));
+}
+static void r_adaptive_avg_pool2d(tp_emit *e, const tp_node *n, tp_val *o) { adaptive_avg_pool(e, n, o, 2); }
+static void r_adaptive_avg_pool3d(tp_emit *e, const tp_node *n, tp_val *o) { adaptive_avg_pool(e, n, o, 3); }
+
+/* _adaptive_avg_poolNd_backward(grad_output, self) */
+static void adaptive_avg_pool_backward(tp_emit *e, const tp_node *n, tp_val *o, int nsp) {
+  tp_type t = *em_type(e, lw_value(e, n, 1));
+  tp_dtype ct = lw_opmath(n->outs[0].dt);
+  tp_val g = lw_tensor(e, n, 0, ct);
+  tp_type gt = *em_type(e, g);
+  int L = t.rank - nsp;
+  if (L < 1 || gt.rank != t.rank) {
+    o[0] = em_fail(e, TP_INVALID_ARGUMENT, "%s: bad input rank %d", n->op, t.rank);
+    return;
+  }
+  int64_t isz[3], osz[3], map[3];
+  for (int i = 0; i < nsp; i++) {
+    isz[i] = t.dims[L + i];
+    osz[i] = gt.dims[L + i];
+    map[i] = L + i;
+  }
+  g = dv(e, g, bcast(e, adaptive_counts(e, nsp, isz, osz, ct), &gt, map));
+  for (int i = 0; i < nsp; i++) {
+    int d = L + i;
+    int64_t I = isz[i], O = osz[i];
+    int64_t *start = malloc(sizeof(int64_t) * (size_t)(3 * O + 1));
+    if (!start) {
+      o[0] = em_fail(e, TP_RESOURCE_EXHAUSTED, "out of memory building a program");
+      return;
+    }
+    int64_t *len = start + O, *ix = start + 2 * O;
+    int64_t maxlen = adaptive_bins(I, O, start, len);
+    tp_val acc = -1;
+    for (int64_t j = 0; j < maxlen; j++) {
+      tp_val v = g;
+      int all = 1;
+      for (int64_t q = 0; q < O; q++) all &= j < len[q];
+      if (!all) {
+        for (int64_t q = 0; q < O; q++) ix[q] = j < len[q];
+        tp_type vt = *em_type(e, v);
+        tp_type mt = vt;
+        mt.dt = TP_I64;
+        int64_t dd = d;
+        tp_val m = bcast(e, const_i64(e, ix, O), &mt, &dd);
+        v = em_select(e, em_compare(e, "NE", m, em_full(e, 0, &mt)), v, kf(e, v, 0));
+      }
+      for (int64_t q = 0; q < O; q++) ix[q] = start[q] + j < I ? start[q] + j : I - 1;
+      tp_val sc = scatter_add_dim(e, v, d, ix, I);
+      acc = acc < 0 ? sc : add(e, acc, sc);
+    }
+    free(start);
+    if (acc < 0) { /* O == 0 or I == 0 */
+      tp_type zt = *em_type(e, g);
+      zt.dims[d] = I;
+      acc = em_full(e, 0, &zt);
+    }
+    g = acc;
+  }
+  o[0] = as_out(e, n, 0, g);
+}
+static void r_adaptive_avg_pool2d_backward(tp_emit *e, const tp_node *n, tp_val *o) {
+  adaptive_avg_pool_backward(e, n, o, 2);
+}
+static void r_adaptive_avg_pool3d_backward(tp_emit *e, const tp_node *n, tp_val *o) {
+  adaptive_avg_pool_backward(e, n, o, 3);
+}
+
+/* ---- upsampling ------------------------------------------------------------------------------ */
+
+/* PyTorch's compute_scales_value: 1/scale if given (> 0), else in/out (float). */
+static float up_scale_f(const tp_node *n, int si, int64_t in, int64_t out) {
+  if (!lw_is_none(n, si)) {
+    double sc = lw_float(n, si, 0);
+    if (sc > 0) return (float)(1.0 / sc);
+  }
+  return (float)in / (float)out;
+}
+
+/* Source indices of nearest (exact=0) / nearest-exact (exact=1) upsampling. */
+static void nearest_src(const tp_node *n, int si, int64_t in, int64_t out, int exact, int64_t *src) {
+  float scale = up_scale_f(n, si, in, out);
+  for (int64_t j = 0; j < out; j++) {
+    int64_t v;
+    if (!exact && out == in) v = j;
+    else if (!exact && out == 2 * in) v = j >> 1;
+    else if (!exact) v = (int64_t)floorf((float)j * scale);
+    else v = (int64_t)floorf(((float)j + 0.5f) * scale);
+    src[j] = v < in - 1 ? v : in - 1;
+  }
+}
+
+/* upsample_nearestNd(self, output_size, scales...) */
+static void upsample_nearest(tp_emit *e, const tp_node *n, tp_val *o, int nsp, int exact) {
+  tp_val x = lw_value(e, n, 0);
+  tp_type t = *em_type(e, x);
+  int L = t.rank - nsp;
+  if (L < 1) {
+    o[0] = em_fail(e, TP_INVALID_ARGUMENT, "%s: bad input rank %d", n->op, t.rank);
+    return;
+  }
+  for (int i = 0; i < nsp; i++) {
+    int64_t in = t.dims[L + i], out = n->outs[0].dims[L + i];
+    if (in == out && !exact) continue;
+    int64_t *src = malloc(sizeof(int64_t) * (size_t)(out + 1));
+    if (!src) {
+      o[0] = em_fail(e, TP_RESOURCE_EXHAUSTED, "out of memory building a program");
+      return;
+    }
+    nearest_src(n, 2 + i, in, out, exact, src);
+    x = in > 0 ? gather_dim(e, x, L + i, src, out) : x;
+    free(src);
+  }
+  o[0] = em_convert(e, x, n->outs[0].dt);
+}
+static void r_upsample_nearest1d(tp_emit *e, const tp_node *n, tp_val *o) { upsample_nearest(e, n, o, 1, 0); }
+static void r_upsample_nearest2d(tp_emit *e, const tp_node *n, tp_val *o) { upsample_nearest(e, n, o, 2, 0); }
+static void r_upsample_nearest3d(tp_emit *e, const tp_node *n, tp_val *o) { upsample_nearest(e, n, o, 3, 0); }
+static void r_upsample_nearest_exact1d(tp_emit *e, const tp_node *n, tp_val *o) { upsample_nearest(e, n, o, 1, 1); }
+static void r_upsample_nearest_exact2d(tp_emit *e, const tp_node *n, tp_val *o) { upsample_nearest(e, n, o, 2, 1); }
+static void r_upsample_nearest_exact3d(tp_emit *e, const tp_node *n, tp_val *o) { upsample_nearest(e, n, o, 3, 1); }
+
+/* upsample_nearestNd_backward(grad_output, output_size, input_size, scales...) */
+static void upsample_nearest_backward(tp_emit *e, const tp_node *n, tp_val *o, int nsp, int exact) {
+  tp_dtype ct = lw_opmath(n->outs[0].dt);
+  tp_val g = lw_tensor(e, n, 0, ct);
+  tp_type t = *em_type(e, g);
+  int L = t.rank - nsp;
+  if (L < 1 || n->outs[0].rank != t.rank) {
+    o[0] = em_fail(e, TP_INVALID_ARGUMENT, "%s: bad grad_output rank %d", n->op, t.rank);
+    return;
+  }
+  for (int i = 0; i < nsp; i++) {
+    int64_t in = n->outs[0].dims[L + i], out = t.dims[L + i];
+    if (in == out && !exact) continue;
+    int64_t *src = malloc(sizeof(int64_t) * (size_t)(out + 1));
+    if (!src) {
+      o[0] = em_fail(e, TP_RESOURCE_EXHAUSTED, "out of memory building a program");
+      return;
+    }
+    nearest_src(n, 3 + i, in, out, exact, src);
+    g = scatter_add_dim(e, g, L + i, src, in);
+    free(src);
+  }
+  o[0] = em_convert(e, g, n->outs[0].dt);
+}
+static void r_upsample_nearest1d_bw(tp_emit *e, const tp_node *n, tp_val *o) { upsample_nearest_backward(e, n, o, 1, 0); }
+static void r_upsample_nearest2d_bw(tp_emit *e, const tp_node *n, tp_val *o) { upsample_nearest_backward(e, n, o, 2, 0); }
+static void r_upsample_nearest3d_bw(tp_emit *e, const tp_node *n, tp_val *o) { upsample_nearest_backward(e, n, o, 3, 0); }
+static void r_upsample_nearest_exact1d_bw(tp_emit *e, const tp_node *n, tp_val *o) {
+  upsample_nearest_backward(e, n, o, 1, 1);
+}
+static void r_upsample_nearest_exact2d_bw(tp_emit *e, const tp_node *n, tp_val *o) {
+  upsample_nearest_backward(e, n, o, 2, 1);
+}
+static void r_upsample_nearest_exact3d_bw(tp_emit *e, const tp_node *n, tp_val *o) {
+  upsample_nearest_backward(e, n, o, 3, 1);
+}
+
+/* Linear interpolation along one dim: indices i0, i1 and weights l0, l1 (PyTorch's CPU rule). */
+static void linear_src(const tp_node *n, int si, int align, int64_t in, int64_t out, int64_t *i0, int64_t *i1,
+                       double *l0, double *l1, int dbl) {
+  double scale;
+  if (align) scale = out > 1 ? (double)(in - 1) / (double)(out - 1) : 0.0;
+  else if (!lw_is_none(n, si) && lw_float(n, si, 0) > 0) scale = 1.0 / lw_float(n, si, 0);
+  else scale = (double)in / (double)out;
+  if (!dbl) scale = (float)scale;
+  for (int64_t j = 0; j < out; j++) {
+    double src;
+    if (dbl) {
+      src = align ? scale * (double)j : scale * ((double)j + 0.5) - 0.5;
+      if (!align && src < 0) src = 0;
+    } else {
+      float sf = (float)scale, s2 = align ? sf * (float)j : sf * ((float)j + 0.5f) - 0.5f;
+      if (!align && s2 < 0) s2 = 0;
+      src = s2;
+    }
+    int64_t a = (int64_t)floor(src);
+    if (a > in - 1) a = in - 1;
+    double lam = src - (double)a;
+    if (!dbl) lam = (float)((float)src - (float)a);
+    lam = lam < 0 ? 0 : lam > 1 ? 1 : lam;
+    i0[j] = a;
+    i1[j] = a + (a < in - 1 ? 1 : 0);
+    l1[j] = lam;
+    l0[j] = dbl ? 1.0 - lam : (double)(1.0f - (float)lam);
+  }
+}
+
+/* upsample_linear1d / upsample_bilinear2d / upsample_trilinear3d
+ * (self, output_size, align_corners, scales...): separable, innermost dim first. */
+static void upsample_linear(tp_emit *e, const tp_node *n, tp_val *o, int nsp) {
+  tp_dtype ct = lw_opmath(n->outs[0].dt);
+  tp_val x = lw_tensor(e, n, 0, ct);
+  tp_type t = *em_type(e, x);
+  int L = t.rank - nsp, align = lw_bool(n, 2, 0);
+  if (L < 1) {
+    o[0] = em_fail(e, TP_INVALID_ARGUMENT, "%s: bad input rank %d", n->op, t.rank);
+    return;
+  }
+  for (int i = nsp - 1; i >= 0; i--) {
+    int d = L + i;
+    int64_t in = em_type(e, x)->dims[d], out = n->outs[0].dims[d];
+    if (in == 0 || out == 0) {
+      tp_type zt = *em_type(e, x);
+      zt.dims[d] = out;
+      x = em_full(e, 0, &zt);
+      continue;
+    }
+    int64_t *i0 = malloc(sizeof(int64_t) * (size_t)(2 * out)), *i1 = i0 ? i0 + out : NULL;
+    double *l0 = malloc(sizeof(double) * (size_t)(2 * out)), *l1 = l0 ? l0 + out : NULL;
+    if (!i0 || !l0) {
+      free(i0);
+      free(l0);
+      o[0] = em_fail(e, TP_RESOURCE_EXHAUSTED, "out of memory building a program");
+      return;
+    }
+    linear_src(n, 3 + i, align, in, out, i0, i1, l0, l1, ct == TP_F64);
+    tp_val a = gather_dim(e, x, d, i0, out), b = gather_dim(e, x, d, i1, out);
+    tp_type at = *em_type(e, a);
+    int64_t dd = d;
+    tp_val w0 = bcast(e, const_f(e, l0, out, ct), &at, &dd), w1 = bcast(e, const_f(e, l1, out, ct), &at, &dd);
+    x = add(e, mul(e, a, w0), mul(e, b, w1));
+    free(i0);
+    free(l0);
+  }
+  o[0] = em_convert(e, x, n->outs[0].dt);
+}
+static void r_upsample_linear1d(tp_emit *e, const tp_node *n, tp_val *o) { upsample_linear(e, n, o, 1); }
+static void r_upsample_bilinear2d(tp_emit *e, const tp_node *n, tp_val *o) { upsample_linear(e, n, o, 2); }
+static void r_upsample_trilinear3d(tp_emit *e, const tp_node *n, tp_val *o) { upsample_linear(e, n, o, 3); }
+
+/* ..._backward(grad_output, output_size, input_size, align_corners, scales...) */
+static void upsample_linear_backward(tp_emit *e, const tp_node *n, tp_val *o, int nsp) {
+  tp_dtype ct = lw_opmath(n->outs[0].dt);
+  tp_val g = lw_tensor(e, n, 0, ct);
+  tp_type t = *em_type(e, g);
+  int L = t.rank - nsp, align = lw_bool(n, 3, 0);
+  if (L < 1 || n->outs[0].rank != t.rank) {
+    o[0] = em_fail(e, TP_INVALID_ARGUMENT, "%s: bad grad_output rank %d", n->op, t.rank);
+    return;
+  }
+  for (int i = 0; i < nsp; i++) { /* the transpose of the forward: outermost dim first */
+    int d = L + i;
+    int64_t in = n->outs[0].dims[d], out = em_type(e, g)->dims[d];
+    if (in == 0 || out == 0) {
+      tp_type zt = *em_type(e, g);
+      zt.dims[d] = in;
+      g = em_full(e, 0, &zt);
+      continue;
+    }
+    int64_t *i0 = malloc(sizeof(int64_t) * (size_t)(2 * out)), *i1 = i0 ? i0 + out : NULL;
+    double *l0 = malloc(sizeof(double) * (size_t)(2 * out)), *l1 = l0 ? l0 + out : NULL;
+    if (!i0 || !l0) {
+      free(i0);
+      free(l0);
+      o[0] = em_fail(e, TP_RESOURCE_EXHAUSTED, "out of memory building a program");
+      return;
+    }
+    linear_src(n, 4 + i, align, in, out, i0, i1, l0, l1, ct == TP_F64);
+    tp_type gt = *em_type(e, g);
+    int64_t dd = d;
+    tp_val w0 = bcast(e, const_f(e, l0, out, ct), &gt, &dd), w1 = bcast(e, const_f(e, l1, out, ct), &gt, &dd);
+    g = add(e, scatter_add_dim(e, mul(e, g, w0), d, i0, in), scatter_add_dim(e, mul(e, g, w1), d, i1, in));
+    free(i0);
+    free(l0);
+  }
+  o[0] = em_convert(e, g, n->outs[0].dt);
+}
+static void r_upsample_linear1d_bw(tp_emit *e, const tp_node *n, tp_val *o) { upsample_linear_backward(e, n, o, 1); }
+static void r_upsample_bilinear2d_bw(tp_emit *e, const tp_node *n, tp_val *o) { upsample_linear_backward(e, n, o, 2); }
+static void r_upsample_trilinear3d_bw(tp_emit *e, const tp_node *n, tp_val *o) { upsample_linear_backward(e, n, o, 3); }
+
+
+/* ---- group norm ------------------------------------------------------------------------------- */
+
+/* native_group_norm(input, weight?, bias?, N, C, HxW, group, eps) -> (out, mean [N, G], rstd [N, G]) */
+static void r_group_norm(tp_emit *e, const tp_node *n, tp_val *o) {
+  tp_val x0 = lw_value(e, n, 0);
+  int64_t N = lw_int(n, 3, 0), C = lw_int(n, 4, 0), HW = lw_int(n, 5, 0), G = lw_int(n, 6, 1);
+  double eps = lw_float(n, 7, 1e-5);
+  if (G <= 0 || C % G || numel_of(em_type(e, x0)) != N * C * HW) {
+    o[0] = em_fail(e, TP_INVALID_ARGUMENT, "%s: bad N/C/HxW/group for the input", n->op);
+    return;
+  }
+  tp_dtype ct = lw_opmath(n->outs[0].dt);
+  int64_t g3[3] = {N, G, C / G * HW}, c3[3] = {N, C, HW}, two = 2;
+  tp_val xg = em_reshape(e, em_convert(e, x0, ct), 3, g3);
+  tp_type gt = *em_type(e, xg);
+  int64_t D = g3[2];
+  double invd = D ? 1.0 / (double)D : NAN;
+  int64_t m01[2] = {0, 1};
+  tp_val mean = mulk(e, rsum(e, xg, &two, 1), invd);
+  tp_val d = sub(e, xg, bcast(e, mean, &gt, m01));
+  tp_val var = mulk(e, rsum(e, mul(e, d, d), &two, 1), invd);
+  tp_val rstd = em_unary(e, "stablehlo.rsqrt", add(e, var, kf(e, var, eps)));
+  tp_val y = mul(e, d, bcast(e, rstd, &gt, m01));
+  y = em_reshape(e, y, 3, c3);
+  tp_type yt = *em_type(e, y);
+  int64_t one = 1;
+  tp_val w = opt_tensor(e, n, 1, ct), b = opt_tensor(e, n, 2, ct);
+  if (w >= 0) y = mul(e, y, bcast(e, w, &yt, &one));
+  if (b >= 0) y = add(e, y, bcast(e, b, &yt, &one));
+  o[0] = as_out(e, n, 0, y);
+  if (n->nouts > 1) o[1] = as_out(e, n, 1, mean);
+  if (n->nouts > 2) o[2] = as_out(e, n, 2, rstd);
+}
+
+/* native_group_norm_backward(grad_out, input, mean, rstd, weight?, N, C, HxW, group, output_mask)
+ * -> (grad_input, grad_weight, grad_bias) */
+static void r_group_norm_backward(tp_emit *e, const tp_node *n, tp_val *o) {
+  int64_t N = lw_int(n, 5, 0), C = lw_int(n, 6, 0), HW = lw_int(n, 7, 0), G = lw_int(n, 8, 1);
+  tp_val x0 = lw_value(e, n, 1);
+  if (G <= 0 || C % G || numel_of(em_type(e, x0)) != N * C * HW) {
+    o[0] = em_fail(e, TP_INVALID_ARGUMENT, "%s: bad N/C/HxW/group for the input", n->op);
+    return;
+  }
+  int def[3] = {mask_bit(n, 9, 0), mask_bit(n, 9, 1), mask_bit(n, 9, 2)};
+  int slot[3];
+  if (!map_outs(e, n, def, 3, slot)) return;
+  tp_dtype ct = lw_opmath(em_type(e, x0)->dt);
+  int64_t c3[3] = {N, C, HW}, g3[3] = {N, G, C / G * HW}, c4[4] = {N, G, C / G, HW}, ng[2] = {N, G};
+  tp_val x = em_reshape(e, em_convert(e, x0, ct), 3, c3);
+  tp_val dy = em_reshape(e, lw_tensor(e, n, 0, ct), 3, c3);
+  tp_val mean = em_reshape(e, lw_tensor(e, n, 2, ct), 2, ng), rstd = em_reshape(e, lw_tensor(e, n, 3, ct), 2, ng);
+  tp_val w = opt_tensor(e, n, 4, ct);
+  tp_type t3 = *em_type(e, x);
+  tp_type t4 = tp_type_make(ct, 4, c4);
+  int64_t m01[2] = {0, 1}, one = 1, two = 2, n0 = 0;
+  tp_val mean4 = bcast(e, mean, &t4, m01), rstd4 = bcast(e, rstd, &t4, m01);
+  if (def[0] && slot[0] >= 0) {
+    tp_val g = dy;
+    if (w >= 0) g = mul(e, g, bcast(e, w, &t3, &one));
+    tp_val g4 = em_reshape(e, g, 4, c4), x4 = em_reshape(e, x, 4, c4);
+    tp_val xhat = mul(e, sub(e, x4, mean4), rstd4);
+    int64_t rd[2] = {2, 3};
+    int64_t D = g3[2];
+    double invd = D ? 1.0 / (double)D : 0.0;
+    tp_val sg = bcast(e, rsum(e, g4, rd, 2), &t4, m01), sgx = bcast(e, rsum(e, mul(e, g4, xhat), rd, 2), &t4, m01);
+    tp_val gi = mul(e, rstd4, sub(e, g4, mulk(e, add(e, sg, mul(e, xhat, sgx)), invd)));
+    put_opt(e, n, o, slot, def, 0, gi);
+  } else {
+    put_opt(e, n, o, slot, def, 0, -1);
+  }
+  if ((def[1] && slot[1] >= 0) || (def[2] && slot[2] >= 0)) {
+    tp_val db = rsum(e, dy, &two, 1); /* [N, C] */
+    if (def[1] && slot[1] >= 0) {
+      tp_val ds = rsum(e, mul(e, dy, x), &two, 1); /* [N, C] */
+      int64_t gc[3] = {N, G, C / G};
+      tp_type t3g = tp_type_make(ct, 3, gc);
+      tp_val m3 = bcast(e, mean, &t3g, m01), r3 = bcast(e, rstd, &t3g, m01);
+      tp_val per = mul(e, sub(e, em_reshape(e, ds, 3, gc), mul(e, em_reshape(e, db, 3, gc), m3)), r3);
+      put_opt(e, n, o, slot, def, 1, rsum(e, em_reshape(e, per, 2, (int64_t[]){N, C}), &n0, 1));
+    } else {
+      put_opt(e, n, o, slot, def, 1, -1);
+    }
+    put_opt(e, n, o, slot, def, 2, def[2] && slot[2] >= 0 ? rsum(e, db, &n0, 1) : -1);
+  } else {
+    put_opt(e, n, o, slot, def, 1, -1);
+    put_opt(e, n, o, slot, def, 2, -1);
+  }
+}
+
 const tp_lower_entry tp_lower_nn[] = {
+    {"aten::native_group_norm", r_group_norm},
+    {"aten::native_group_norm_backward", r_group_norm_backward},
+    {"aten::max_pool2d_with_indices", r_max_pool2d},
+    {"aten::max_pool3d_with_indices", r_max_pool3d},
+    {"aten::max_pool2d_with_indices_backward", r_max_pool2d_backward},
+    {"aten::max_pool3d_with_indices_backward", r_max_pool3d_backward},
+    {"aten::avg_pool2d", r_avg_pool2d},
+    {"aten::avg_pool3d", r_avg_pool3d},
+    {"aten::avg_pool2d_backward", r_avg_pool2d_backward},
+    {"aten::avg_pool3d_backward", r_avg_pool3d_backward},
+    {"aten::_adaptive_avg_pool2d", r_adaptive_avg_pool2d},
+    {"aten::_adaptive_avg_pool3d", r_adaptive_avg_pool3d},
+    {"aten::_adaptive_avg_pool2d_backward", r_adaptive_avg_pool2d_backward},
+    {"aten::_adaptive_avg_pool3d_backward", r_adaptive_avg_pool3d_backward},
+    {"aten::upsample_nearest1d", r_upsample_nearest1d},
+    {"aten::upsample_nearest2d", r_upsample_nearest2d},
+    {"aten::upsample_nearest3d", r_upsample_nearest3d},
+    {"aten::_upsample_nearest_exact1d", r_upsample_nearest_exact1d},
+    {"aten::_upsample_nearest_exact2d", r_upsample_nearest_exact2d},
+    {"aten::_upsample_nearest_exact3d", r_upsample_nearest_exact3d},
+    {"aten::upsample_nearest1d_backward", r_upsample_nearest1d_bw},
+    {"aten::upsample_nearest2d_backward", r_upsample_nearest2d_bw},
+    {"aten::upsample_nearest3d_backward", r_upsample_nearest3d_bw},
+    {"aten::_upsample_nearest_exact1d_backward", r_upsample_nearest_exact1d_bw},
+    {"aten::_upsample_nearest_exact2d_backward", r_upsample_nearest_exact2d_bw},
+    {"aten::_upsample_nearest_exact3d_backward", r_upsample_nearest_exact3d_bw},
+    {"aten::upsample_linear1d", r_upsample_linear1d},
+    {"aten::upsample_bilinear2d", r_upsample_bilinear2d},
+    {"aten::upsample_trilinear3d", r_upsample_trilinear3d},
+    {"aten::upsample_linear1d_backward", r_upsample_linear1d_bw},
+    {"aten::upsample_bilinear2d_backward", r_upsample_bilinear2d_bw},
+    {"aten::upsample_trilinear3d_backward", r_upsample_trilinear3d_bw},
+    {"aten::convolution", r_convolution},
+    {"aten::convolution_backward", r_convolution_backward},
     {"aten::native_layer_norm", r_layer_norm},
     {"aten::native_layer_norm_backward", r_layer_norm_backward},
     {"aten::native_batch_norm", r_batch_norm},

@@ -61,6 +61,8 @@ _ROUTED = [
     "slice_scatter",
     "select_scatter",
     "as_strided_scatter",
+    "_unsafe_index.Tensor",
+    "_unsafe_index_put",
 ]
 
 
@@ -422,6 +424,26 @@ def test_index_bool_mask_rule_is_unimplemented():
         torch.tpu.synchronize() if hasattr(torch, "tpu") and hasattr(torch.tpu, "synchronize") else None
 
 
+def test_unsafe_index():
+    x = rnd(5, 4, grad=True)
+    i = torch.tensor([3, 0, 0])
+    check_rule("aten::_unsafe_index.Tensor", lambda x, i: aten._unsafe_index(x, [None, i]), x, i, grad=True)
+    check_rule("aten::_unsafe_index_put", lambda x, i: aten._unsafe_index_put(x.detach(), [i], torch.ones(4).to(x.device),
+                                                                               True), x, i)
+
+
+def test_index_edge_cases():
+    x = rnd(3, 4)
+    e = torch.empty(0, dtype=I64)
+    check_rule("aten::index.Tensor", lambda x, i, j: x[i, j], x, e, e)  # empty result
+    check_rule("aten::index.Tensor", lambda x, i: x[None, i], x, torch.tensor([1, 2]))
+    check_rule("aten::index.Tensor", lambda x, i: x[..., None, i], x, torch.tensor([1, 2]))
+    check_rule("aten::index.Tensor", lambda x, i: x[i][:, i], rnd(4, 4, dtype=torch.bool), torch.tensor([3, 3, 0]))
+    # CPU raises IndexError for indexing into an empty dim; so do we (statically)
+    with pytest.raises(IndexError):
+        torch.empty(0, 4, device="tpu")[torch.tensor([0]).to("tpu")]
+
+
 # ---- index_put ------------------------------------------------------------------------------------
 
 
@@ -466,6 +488,19 @@ def test_index_put_multi_and_setitem():
         check_rule(PUT, f, x, a, b)
 
 
+def test_index_put_edge_cases():
+    x = rnd(3, 4, 5)
+    e = torch.empty(0, dtype=I64)
+    check_rule(PUT, lambda x, i: x.index_put((i,), torch.tensor(1.0).to(x.device)), x, e)
+    check_rule(PUT, lambda x, i: aten.index_put(x, [i, None, i], torch.ones(2, 1).to(x.device)), x, torch.tensor([0, 2]))
+    # values with extra leading 1s: an error, like on CPU
+    for dev in ("cpu", "tpu"):
+        with pytest.raises(RuntimeError):
+            x.to(dev).index_put((torch.tensor([2, 0]).to(dev),), rnd(1, 1, 2, 4, 5, seed=3).to(dev))
+    check_rule(PUT, lambda x, i: x.index_put((i,), torch.tensor(True).to(x.device), accumulate=True),
+               rnd(3, 4, dtype=torch.bool), torch.tensor([0, 0, 2]))
+
+
 def test_index_put_accumulate_grad():
     x = rnd(6, 3, grad=True)
     i = torch.tensor([0, 5, 0, 2, 0])
@@ -506,6 +541,30 @@ def test_index_put_bool_mask():
 
     for f in (scalar, values, rows, cols, acc):
         check_rule(PUT, f, x)
+
+
+def test_scatter_gather_edge_cases():
+    x = rnd(3, 4)
+    e = torch.empty(0, 4, dtype=I64)
+    check_rule("aten::scatter.value", lambda x, i: x.scatter(0, i, 1.0), x, e)
+    check_rule("aten::scatter_add", lambda x, i, s: x.scatter_add(0, i, s), x, e, torch.empty(0, 4))
+    check(lambda x, i: x.gather(1, i), x, torch.empty(3, 0, dtype=I64))
+    check_rule("aten::scatter.src", lambda x, i, s: x.scatter(0, i, s), torch.tensor(1.0), torch.tensor(0),
+               torch.tensor(5.0))
+    check_rule("aten::scatter_reduce.two", lambda x, i, s: x.scatter_reduce(0, i, s, "amax", include_self=False),
+               torch.tensor(1.0), torch.tensor(0), torch.tensor(-5.0))
+    check_rule("aten::index_add", lambda x, i, s: x.index_add(0, i, s), x, torch.empty(0, dtype=I64),
+               torch.empty(0, 4))
+
+
+def test_shape_ops_zero_size():
+    e = torch.empty(0, 4)
+    check_rule("aten::roll", lambda x: x.roll(1, 0), e)
+    check_rule("aten::flip", lambda x: x.flip(1), torch.empty(2, 0))
+    check_rule("aten::constant_pad_nd", lambda x: F.pad(x, (1, 1, 1, 1)), e)
+    check(lambda x: x.tril(), torch.empty(0, 0))
+    check_rule("aten::cat", lambda a: torch.cat([a, a]).sum(0), e)  # empty cat feeding a computing op
+    assert_close(torch.arange(0, device="tpu"), torch.arange(0))
 
 
 # ---- index_add / index_copy / index_fill / index_reduce ---------------------------------------------

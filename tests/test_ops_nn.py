@@ -367,3 +367,261 @@ def test_mse_loss_broadcast_nan_empty():
     check(lambda a, b: F.mse_loss(a, b, reduction="sum"), rnd(0, 3), rnd(0, 3, seed=1), grad=True)
     out = check(lambda a, b: F.mse_loss(a, b), rnd(0, 3), rnd(0, 3, seed=1))
     assert torch.isnan(out.cpu())
+
+
+# ---------------------------------------------------------------------------
+# convolution
+
+CONV_CASES = [
+    # (input shape, weight shape, kwargs)
+    ((2, 3, 8, 8), (4, 3, 3, 3), dict(padding=1)),
+    ((2, 3, 9, 9), (4, 3, 3, 3), dict(stride=2, padding=1)),
+    ((2, 3, 11, 10), (4, 3, 3, 2), dict(stride=(2, 1), padding=(2, 1), dilation=(2, 3))),
+    ((2, 4, 9, 9), (6, 2, 3, 3), dict(stride=2, padding=1, groups=2)),
+    ((2, 4, 7, 7), (4, 1, 3, 3), dict(padding=1, groups=4)),  # depthwise
+    ((2, 3, 10, 10), (5, 3, 4, 4), dict(stride=3)),  # floor drops input positions
+    ((1, 3, 5, 5), (2, 3, 1, 1), dict()),
+    ((2, 3, 17), (5, 3, 4), dict(stride=3, padding=2)),
+    ((2, 4, 9), (4, 2, 3), dict(padding=2, dilation=2, groups=2)),
+    ((1, 2, 5, 5, 5), (3, 2, 3, 3, 3), dict(padding=1)),
+    ((1, 2, 6, 5, 7), (4, 1, 2, 3, 2), dict(stride=(2, 1, 3), groups=2)),
+]
+
+
+def _conv(x, w, b=None, **kw):
+    return {3: F.conv1d, 4: F.conv2d, 5: F.conv3d}[x.dim()](x, w, b, **kw)
+
+
+@pytest.mark.parametrize("xs,ws,kw", CONV_CASES)
+def test_conv(xs, ws, kw):
+    x, w, b = rnd(*xs), rnd(*ws, seed=1), rnd(ws[0], seed=2)
+    check(lambda x, w, b: _conv(x, w, b, **kw), x, w, b, grad=True, rtol=1e-4, atol=1e-4)
+    check(lambda x, w: _conv(x, w, **kw), x, w, grad=True, rtol=1e-4, atol=1e-4)
+
+
+CONVT_CASES = [
+    ((2, 3, 5, 5), (3, 4, 3, 3), dict(stride=2)),
+    ((2, 3, 5, 5), (3, 4, 3, 3), dict(stride=2, padding=1, output_padding=1)),
+    ((2, 3, 5, 5), (3, 4, 3, 3), dict(stride=3, padding=3, output_padding=2)),  # padding > dilation*(k-1)
+    ((2, 6, 5, 4), (6, 2, 3, 3), dict(stride=2, padding=1, groups=3, dilation=2, output_padding=1)),
+    ((2, 4, 4, 4), (4, 2, 4, 4), dict(stride=2, padding=1)),  # the usual UNet/GAN upsampler
+    ((2, 3, 7), (3, 4, 3), dict(stride=2, padding=1)),
+    ((1, 2, 3, 3, 3), (2, 3, 2, 2, 2), dict(stride=2)),
+]
+
+
+@pytest.mark.parametrize("xs,ws,kw", CONVT_CASES)
+def test_conv_transpose(xs, ws, kw):
+    fn = {3: F.conv_transpose1d, 4: F.conv_transpose2d, 5: F.conv_transpose3d}[len(xs)]
+    g = kw.get("groups", 1)
+    x, w, b = rnd(*xs), rnd(*ws, seed=1), rnd(ws[1] * g, seed=2)
+    check(lambda x, w, b: fn(x, w, b, **kw), x, w, b, grad=True, rtol=1e-4, atol=1e-4)
+
+
+def test_conv_bf16():
+    x, w, b = rnd(2, 4, 8, 8, dtype=BF16), rnd(6, 2, 3, 3, dtype=BF16, seed=1), rnd(6, dtype=BF16, seed=2)
+    check_lowp(lambda x, w, b: F.conv2d(x, w, b, stride=2, padding=1, groups=2), x, w, b, grad=True,
+               rtol=3e-2, atol=5e-2)
+    x, w = rnd(2, 3, 5, 5, dtype=BF16), rnd(3, 4, 3, 3, dtype=BF16, seed=1)
+    check_lowp(lambda x, w: F.conv_transpose2d(x, w, stride=2, padding=1), x, w, grad=True, rtol=3e-2, atol=5e-2)
+
+
+def test_conv_noncontiguous_and_modules():
+    x = rnd(2, 8, 8, 3).permute(0, 3, 1, 2)  # channels-last storage
+    w = rnd(4, 3, 3, 3, seed=1).transpose(2, 3)
+    check(lambda x, w: F.conv2d(x, w, padding=1), x, w, grad=True, rtol=1e-4, atol=1e-4)
+    x = rnd(2, 3, 16, 16)[:, :, ::2, 1::2]  # strided slice
+    check(lambda x, w: F.conv2d(x, w, stride=2), x, rnd(5, 3, 2, 2, seed=1), grad=True, rtol=1e-4, atol=1e-4)
+    # padding='same' (resolved by PyTorch before aten::convolution)
+    check(lambda x, w: F.conv2d(x, w, padding="same", dilation=2), rnd(1, 2, 7, 6), rnd(3, 2, 3, 4, seed=1),
+          grad=True, rtol=1e-4, atol=1e-4)
+
+
+def test_conv_zero_batch_and_nan():
+    check(lambda x, w, b: F.conv2d(x, w, b, padding=1), rnd(0, 3, 5, 5), rnd(4, 3, 3, 3, seed=1),
+          rnd(4, seed=2), grad=True)
+    x = rnd(1, 2, 6, 6, grad=False)
+    x[0, 0, 0, 0] = float("nan")
+    x[0, 1, 5, 5] = float("inf")
+    out = check(lambda x, w: F.conv2d(x, w), x, rnd(3, 2, 3, 3, seed=1, grad=False), rtol=1e-4, atol=1e-4)
+    assert torch.isnan(out.cpu()[0, :, 0, 0]).all() and not torch.isnan(out.cpu()[0, :, 2:, :3]).any()
+
+
+@pytest.mark.parametrize("mask", [m for m in itertools.product([False, True], repeat=3) if any(m)])
+def test_convolution_backward_masks(mask):
+    go, x, w = rnd(2, 4, 4, 4, grad=False), rnd(2, 6, 7, 7, grad=False, seed=1), rnd(4, 3, 3, 3, grad=False, seed=2)
+    args = (go, x, w, [4], [2, 2], [1, 1], [1, 1], False, [0, 0], 2)
+    res = aten.convolution_backward(*[a.to("tpu") if isinstance(a, torch.Tensor) else a for a in args], list(mask))
+    exp = aten.convolution_backward(*args, [True, True, True])
+    assert [r is None for r in res] == [not m for m in mask]
+    for r, e, m in zip(res, exp, mask):
+        if m:
+            assert_close(r, e, rtol=1e-4, atol=1e-4)
+
+
+def test_conv_module_training_step():
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+                            torch.nn.Conv2d(8, 4, 3, stride=2), torch.nn.AdaptiveAvgPool2d((2, 2)),
+                            torch.nn.Flatten(), torch.nn.Linear(16, 5))
+    mt = torch.nn.Sequential(*[torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+                               torch.nn.Conv2d(8, 4, 3, stride=2), torch.nn.AdaptiveAvgPool2d((2, 2)),
+                               torch.nn.Flatten(), torch.nn.Linear(16, 5)])
+    mt.load_state_dict(m.state_dict())
+    mt = mt.to("tpu")
+    x, t = rnd(3, 3, 16, 16, grad=False), torch.tensor([0, 3, 4])
+    F.cross_entropy(m(x), t).backward()
+    F.cross_entropy(mt(x.to("tpu")), t.to("tpu")).backward()
+    for p, q in zip(m.parameters(), mt.parameters()):
+        assert_close(q.grad, p.grad, rtol=1e-3, atol=1e-5)
+
+
+# ---------------------------------------------------------------------------
+# pooling
+
+MAXPOOL_CASES = [
+    ((2, 3, 8, 8), dict(kernel_size=2)),
+    ((2, 3, 9, 9), dict(kernel_size=3, stride=2, padding=1)),
+    ((2, 3, 10, 9), dict(kernel_size=3, stride=2, padding=1, dilation=2, ceil_mode=True)),
+    ((3, 7, 8), dict(kernel_size=(2, 3), stride=(1, 2), padding=(1, 1))),  # unbatched
+    ((1, 2, 7, 7), dict(kernel_size=2, stride=2, ceil_mode=True)),
+]
+
+
+@pytest.mark.parametrize("dtype", [F32, BF16])
+@pytest.mark.parametrize("xs,kw", MAXPOOL_CASES)
+def test_max_pool2d(xs, kw, dtype):
+    x = rnd(*xs, dtype=dtype)
+    check(lambda x: F.max_pool2d(x, return_indices=True, **kw), x, grad=True)
+
+
+def test_max_pool_ties_nan_inf_ints():
+    x = torch.zeros(1, 1, 4, 4, requires_grad=True)  # all ties: first index wins
+    check(lambda x: F.max_pool2d(x, 2, return_indices=True), x, grad=True)
+    x = torch.full((1, 1, 4, 4), float("-inf"))  # -inf everywhere, with padding
+    check(lambda x: F.max_pool2d(x, 3, stride=2, padding=1, return_indices=True), x)
+    x = rnd(1, 2, 6, 6, grad=False)
+    x[0, 0, 1, 1] = float("nan")
+    x[0, 0, 0, 0] = float("nan")
+    x[0, 1, 3, 4] = float("inf")
+    check(lambda x: F.max_pool2d(x, 3, stride=1, return_indices=True), x)
+    for dt in (torch.int64, torch.uint8, torch.int32):
+        x = torch.randint(0, 100, (2, 3, 7, 7), generator=torch.Generator().manual_seed(3)).to(dt)
+        check(lambda x: F.max_pool2d(x, 3, stride=2, padding=1, return_indices=True), x)
+
+
+def test_max_pool3d_and_zero_batch():
+    check(lambda x: F.max_pool3d(x, 2, stride=(1, 2, 2), padding=1, return_indices=True), rnd(1, 2, 4, 5, 4),
+          grad=True)
+    # (zero batch: PyTorch's own meta function for max_pool2d_with_indices fails on it)
+    check(lambda x: F.avg_pool2d(x, 2), rnd(0, 3, 4, 4), grad=True)
+
+
+AVGPOOL_CASES = [
+    ((2, 3, 8, 8), dict(kernel_size=2)),
+    ((2, 3, 9, 9), dict(kernel_size=3, stride=2, padding=1)),
+    ((2, 3, 9, 9), dict(kernel_size=3, stride=2, padding=1, count_include_pad=False)),
+    ((2, 3, 10, 10), dict(kernel_size=3, stride=2, padding=1, ceil_mode=True)),
+    ((2, 3, 10, 10), dict(kernel_size=3, stride=2, padding=1, ceil_mode=True, count_include_pad=False)),
+    ((3, 8, 8), dict(kernel_size=(2, 3), stride=(2, 1), divisor_override=5)),
+    ((1, 2, 7, 7), dict(kernel_size=2, stride=2, ceil_mode=True)),
+]
+
+
+@pytest.mark.parametrize("dtype", [F32, BF16])
+@pytest.mark.parametrize("xs,kw", AVGPOOL_CASES)
+def test_avg_pool2d(xs, kw, dtype):
+    check_any(lambda x: F.avg_pool2d(x, **kw), rnd(*xs, dtype=dtype), grad=True, dtype=dtype)
+
+
+def test_avg_pool_int_nan_3d():
+    x = torch.randint(-50, 50, (2, 3, 6, 6), generator=torch.Generator().manual_seed(3))
+    check(lambda x: F.avg_pool2d(x, 3, stride=2, padding=1), x)  # integer division, like PyTorch
+    x = rnd(1, 1, 4, 4, grad=False)
+    x[0, 0, 0, 0] = float("nan")
+    x[0, 0, 3, 3] = float("inf")
+    out = check(lambda x: F.avg_pool2d(x, 2), x)
+    assert torch.isnan(out.cpu()[0, 0, 0, 0]) and torch.isinf(out.cpu()[0, 0, 1, 1])
+    check(lambda x: F.avg_pool3d(x, 2, stride=(1, 2, 2), padding=1, count_include_pad=False), rnd(1, 2, 4, 5, 4),
+          grad=True)
+
+
+@pytest.mark.parametrize("dtype", [F32, BF16])
+@pytest.mark.parametrize("xs,out", [((2, 3, 8, 8), (3, 3)), ((2, 3, 8, 8), (4, 2)), ((2, 3, 3, 4), (5, 7)),
+                                    ((3, 10, 7), (4, 7)), ((2, 3, 9, 9), (1, 2))])
+def test_adaptive_avg_pool2d(xs, out, dtype):
+    check_any(lambda x: F.adaptive_avg_pool2d(x, out), rnd(*xs, dtype=dtype), grad=True, dtype=dtype)
+
+
+def test_adaptive_avg_pool_nonfinite_and_3d():
+    x = rnd(1, 1, 7, 7, grad=False)
+    x[0, 0, 0, 0] = float("inf")  # must not leak into other bins
+    x[0, 0, 6, 6] = float("nan")
+    out = check(lambda x: F.adaptive_avg_pool2d(x, (3, 3)), x)
+    assert torch.isinf(out.cpu()[0, 0, 0, 0]) and torch.isfinite(out.cpu()[0, 0, 1:, :2]).all()
+    check(lambda x: F.adaptive_avg_pool3d(x, (2, 3, 2)), rnd(1, 2, 5, 5, 5), grad=True)
+
+
+# ---------------------------------------------------------------------------
+# upsampling
+
+UPSAMPLE_CASES = [
+    ((2, 3, 4, 4), dict(scale_factor=2)),
+    ((2, 3, 4, 3), dict(size=(7, 5))),
+    ((2, 3, 7, 5), dict(size=(3, 2))),
+    ((2, 3, 4, 5), dict(scale_factor=1.7)),
+    ((2, 3, 4, 5), dict(scale_factor=(0.6, 2.5))),
+]
+
+
+@pytest.mark.parametrize("dtype", [F32, BF16])
+@pytest.mark.parametrize("mode", ["nearest", "nearest-exact", "bilinear", "bilinear-ac"])
+@pytest.mark.parametrize("xs,kw", UPSAMPLE_CASES)
+def test_upsample2d(xs, kw, mode, dtype):
+    kw = dict(kw)
+    if mode == "bilinear-ac":
+        mode, kw["align_corners"] = "bilinear", True
+    check_any(lambda x: F.interpolate(x, mode=mode, **kw), rnd(*xs, dtype=dtype), grad=True, dtype=dtype)
+
+
+def test_upsample_1d_3d_nonfinite():
+    check(lambda x: F.interpolate(x, scale_factor=3, mode="nearest"), rnd(2, 3, 4), grad=True)
+    check(lambda x: F.interpolate(x, scale_factor=2.5, mode="linear"), rnd(2, 3, 4), grad=True)
+    check(lambda x: F.interpolate(x, size=(3, 5, 4), mode="nearest"), rnd(1, 2, 2, 3, 2), grad=True)
+    check(lambda x: F.interpolate(x, scale_factor=2, mode="trilinear", align_corners=True), rnd(1, 2, 2, 3, 2),
+          grad=True)
+    x = rnd(1, 1, 3, 3, grad=False)
+    x[0, 0, 0, 0] = float("inf")
+    x[0, 0, 2, 2] = float("nan")
+    check(lambda x: F.interpolate(x, scale_factor=2, mode="nearest"), x)
+    check(lambda x: F.interpolate(x, scale_factor=2, mode="bilinear"), x)
+    x = torch.randint(0, 255, (1, 2, 3, 3), dtype=torch.uint8)
+    check(lambda x: F.interpolate(x, scale_factor=2, mode="nearest"), x)
+
+
+# ---------------------------------------------------------------------------
+# group norm
+
+
+@pytest.mark.parametrize("dtype", [F32, BF16])
+@pytest.mark.parametrize("G,xs", [(2, (2, 4, 4, 4)), (1, (3, 6, 5)), (3, (2, 6, 5)), (2, (2, 4, 3, 2, 2))])
+@pytest.mark.parametrize("affine", [True, False])
+def test_group_norm(G, xs, affine, dtype):
+    C = xs[1]
+    w, b = (rnd(C, dtype=dtype, seed=1), rnd(C, dtype=dtype, seed=2)) if affine else (None, None)
+    check_any(lambda x, w, b: F.group_norm(x, G, w, b), rnd(*xs, dtype=dtype), w, b, grad=True, dtype=dtype,
+              **({"rtol": 1e-4, "atol": 1e-5} if dtype == F32 else {}))
+
+
+@pytest.mark.parametrize("mask", [m for m in itertools.product([False, True], repeat=3) if any(m)])
+def test_group_norm_backward_masks(mask):
+    x, go, w = rnd(2, 4, 6, grad=False), rnd(2, 4, 6, grad=False, seed=1), rnd(4, grad=False, seed=2)
+    _, mean, rstd = aten.native_group_norm(x, w, None, 2, 4, 6, 2, 1e-5)
+    args = (go, x, mean, rstd, w, 2, 4, 6, 2)
+    res = aten.native_group_norm_backward(*[a.to("tpu") if isinstance(a, torch.Tensor) else a for a in args],
+                                          list(mask))
+    exp = aten.native_group_norm_backward(*args, [True, True, True])
+    assert [r is None for r in res] == [not m for m in mask]
+    for r, e, m in zip(res, exp, mask):
+        if m:
+            assert_close(r, e, rtol=1e-4, atol=1e-5)

@@ -92,7 +92,7 @@ def _scalar_code(v):
 # Ops whose output shape (or whose errors) depend on the value of a Python number.
 _SHAPE_FROM_VALUES = {"arange", "linspace", "logspace", "range", "pow", "full"}
 
-_NUMBER_TYPES = ("Tensor", "Tensor?", "number", "number?", "Scalar", "Scalar?")
+_NUMBER_TYPES = ("Tensor", "Optional[Tensor]", "number", "Optional[number]", "Scalar", "Optional[Scalar]")
 
 
 def _encode(v, device, number_is_scalar=False):

@@ -150,10 +150,13 @@ static tp_val nan_fix(tp_emit *e, tp_val x, tp_val r, const int64_t *dims, int n
   tp_val anynan = em_reduce(e, em_compare(e, "NE", x, x), em_const_i(e, 0, TP_BOOL), dims, nd, "stablehlo.or");
   return em_select(e, anynan, kl(e, r, NAN), r);
 }
-static tp_val rmax(tp_emit *e, tp_val x, const int64_t *dims, int nd) {
+/* max ignoring NaNs: enough where NaN propagates through later arithmetic */
+static tp_val rmax_nonan(tp_emit *e, tp_val x, const int64_t *dims, int nd) {
   tp_dtype dt = dt_of(e, x);
-  tp_val r = em_reduce(e, x, lowest(e, dt), dims, nd, dt == TP_BOOL ? "stablehlo.or" : "stablehlo.maximum");
-  return nan_fix(e, x, r, dims, nd);
+  return em_reduce(e, x, lowest(e, dt), dims, nd, dt == TP_BOOL ? "stablehlo.or" : "stablehlo.maximum");
+}
+static tp_val rmax(tp_emit *e, tp_val x, const int64_t *dims, int nd) {
+  return nan_fix(e, x, rmax_nonan(e, x, dims, nd), dims, nd);
 }
 static tp_val rmin(tp_emit *e, tp_val x, const int64_t *dims, int nd) {
   tp_dtype dt = dt_of(e, x);
@@ -170,6 +173,127 @@ static tp_val input_acc(tp_emit *e, const tp_node *n, int i) {
     return em_fail(e, TP_UNIMPLEMENTED, "%s: complex input with a real result is not supported", n->op);
   x = em_convert(e, x, od);
   return em_convert(e, x, lw_opmath(od));
+}
+
+/* ---- ops with regions ---------------------------------------------------------
+ *
+ * emit.h writes regions only inside em_reduce and em_argreduce, so ops such
+ * as stablehlo.sort and stablehlo.case are written here as text through
+ * em_op's op-name argument.  em_op prints
+ *     %vV = "NAME"(ins) {attrs} : (in types) -> T
+ * raw_text() passes NAME = `stablehlo.reshape"(%vA) : (TA) -> TA <text>
+ * %jK = "stablehlo.reshape`, so the line becomes a dead reshape of an
+ * anchor value, the text, and a second dead reshape that em_op completes
+ * (the compiler removes both).  raw_bind() turns a named result of such text
+ * into an ordinary value.  Values defined inside a region must not be used
+ * after it closes. */
+static unsigned g_raw_seq;
+
+typedef struct sbuild {
+  char *p;
+  size_t len, cap;
+  int oom;
+} sbuild;
+
+static void sbp(sbuild *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void sbp(sbuild *b, const char *fmt, ...) {
+  if (b->oom) return;
+  for (;;) {
+    va_list ap;
+    va_start(ap, fmt);
+    size_t room = b->cap - b->len;
+    int k = vsnprintf(b->p ? b->p + b->len : NULL, b->p ? room : 0, fmt, ap);
+    va_end(ap);
+    if (k < 0) {
+      b->oom = 1;
+      return;
+    }
+    if (b->p && (size_t)k < room) {
+      b->len += (size_t)k;
+      return;
+    }
+    size_t nc = b->cap ? b->cap * 2 : 2048;
+    while (nc < b->len + (size_t)k + 1) nc *= 2;
+    char *np = realloc(b->p, nc);
+    if (!np) {
+      b->oom = 1;
+      return;
+    }
+    b->p = np;
+    b->cap = nc;
+  }
+}
+
+static unsigned raw_id(void) { return __atomic_fetch_add(&g_raw_seq, 1, __ATOMIC_RELAXED); }
+
+static const char *tstr(tp_emit *e, tp_val v, char *buf, size_t cap) { return tp_type_str(em_type(e, v), buf, cap); }
+
+/* Write whole statements `text`; `anchor` is any value visible there. */
+static void raw_text(tp_emit *e, tp_val anchor, const char *text) {
+  if (em_failed(e)) return;
+  char ta[256];
+  tstr(e, anchor, ta, sizeof ta);
+  sbuild b = {0};
+  sbp(&b, "stablehlo.reshape\"(%%v%d) : (%s) -> %s\n%s    %%j%u = \"stablehlo.reshape", anchor, ta, ta, text, raw_id());
+  if (b.oom) em_fail(e, TP_RESOURCE_EXHAUSTED, "out of memory building a program");
+  else em_op(e, b.p, NULL, &anchor, 1, em_type(e, anchor));
+  free(b.p);
+}
+
+/* The SSA result `name` ("%s3#0") of type t, as a value. */
+static tp_val raw_bind(tp_emit *e, const char *name, const tp_type *t) {
+  tp_val c = em_const(e, 0, t->dt);
+  if (em_failed(e)) return -1;
+  char tt[256], nm[768];
+  tp_type_str(t, tt, sizeof tt);
+  snprintf(nm, sizeof nm, "stablehlo.reshape\"(%s) : (%s) -> %s\n    %%j%u = \"stablehlo.broadcast_in_dim", name, tt, tt,
+           raw_id());
+  return em_op(e, nm, "broadcast_dimensions = array<i64>", &c, 1, t);
+}
+
+/* stablehlo.case on a rank-0 i32 index: case_open, then for each branch its
+ * ops and case_next(result) (the last one closes), then case_result. */
+typedef struct tp_case {
+  unsigned id;
+  tp_val index;
+  int nbranch, done;
+  tp_type t;
+} tp_case;
+
+static void case_open(tp_emit *e, tp_case *c, tp_val index, int nbranch, const tp_type *t) {
+  c->id = raw_id();
+  c->index = index;
+  c->nbranch = nbranch;
+  c->done = 0;
+  c->t = *t;
+  char buf[96];
+  snprintf(buf, sizeof buf, "    %%c%u = \"stablehlo.case\"(%%v%d) ({\n", c->id, index);
+  raw_text(e, index, buf);
+}
+
+static void case_next(tp_emit *e, tp_case *c, tp_val result) {
+  if (em_failed(e)) return;
+  char tt[256], ti[64], buf[768];
+  tp_type_str(&c->t, tt, sizeof tt);
+  tstr(e, c->index, ti, sizeof ti);
+  if (em_type(e, result)->rank != c->t.rank || em_type(e, result)->dt != c->t.dt) {
+    em_fail(e, TP_INTERNAL, "case branch result type mismatch");
+    return;
+  }
+  int last = ++c->done == c->nbranch;
+  snprintf(buf, sizeof buf, "      \"stablehlo.return\"(%%v%d) : (%s) -> ()\n    %s", result, tt,
+           last ? "" : "}, {\n");
+  if (last) {
+    size_t k = strlen(buf);
+    snprintf(buf + k, sizeof buf - k, "}) : (%s) -> %s\n", ti, tt);
+  }
+  raw_text(e, c->index, buf);
+}
+
+static tp_val case_result(tp_emit *e, const tp_case *c) {
+  char nm[32];
+  snprintf(nm, sizeof nm, "%%c%u", c->id);
+  return raw_bind(e, nm, &c->t);
 }
 
 /* ---- sum / mean / prod ------------------------------------------------------------ */
@@ -354,7 +478,7 @@ static void r_logsumexp(tp_emit *e, const tp_node *n, tp_val *o) {
   int64_t dims[TP_MAX_RANK];
   int nd = red_dims(e, n, 1, rank_of(e, x), 1, dims);
   if (nd < 0) return;
-  tp_val m = rmax(e, x, dims, nd);
+  tp_val m = rmax_nonan(e, x, dims, nd); /* a NaN reaches the sum */
   tp_val isinf = em_compare(e, "EQ", un(e, "stablehlo.abs", m), kl(e, m, INFINITY));
   m = em_select(e, isinf, kl(e, m, 0), m);
   tp_val s = rsum(e, un(e, "stablehlo.exponential", sub(e, x, expand_back(e, m, x, dims, nd))), dims, nd);
@@ -362,63 +486,120 @@ static void r_logsumexp(tp_emit *e, const tp_node *n, tp_val *o) {
 }
 
 /* linalg_vector_norm(self, ord=2, dim=None, keepdim, *, dtype).  `ord` is a
- * runtime scalar: every variant is computed and the one for ord selected. */
+ * runtime scalar: a stablehlo.case runs only the branch for its value (a
+ * select over all variants would pay for pow on every call). */
 static void r_vector_norm(tp_emit *e, const tp_node *n, tp_val *o) {
   tp_dtype od = n->outs[0].dt, ct = lw_opmath(od);
   tp_val x = lw_value(e, n, 0);
   if (!lw_is_none(n, 4)) x = em_convert(e, x, (tp_dtype)lw_int(n, 4, od));
-  tp_type at = *em_type(e, x);
-  at.dt = ct;
-  tp_val a;
-  if (tp_dtype_is_complex(em_type(e, x)->dt)) {
-    tp_type rt = *em_type(e, x);
-    rt.dt = em_type(e, x)->dt == TP_C64 ? TP_F32 : TP_F64;
-    a = em_convert(e, em_op(e, "stablehlo.abs", NULL, &x, 1, &rt), ct);
-  } else {
-    a = un(e, "stablehlo.abs", em_convert(e, x, ct));
-  }
+  int is_cplx = tp_dtype_is_complex(em_type(e, x)->dt);
   int64_t dims[TP_MAX_RANK];
-  int nd = red_dims(e, n, 2, at.rank, 1, dims);
+  int nd = red_dims(e, n, 2, rank_of(e, x), 1, dims);
   if (nd < 0) return;
   tp_val p = num_arg(e, n, 1, ct, 2);
-  tp_val zero = em_const(e, 0, ct);
-  /* general p: sum(|x|^p)^(1/p) */
-  tp_val pb = em_bcast_to(e, p, at.rank, at.dims);
-  tp_val gen = rsum(e, em_binary(e, "stablehlo.power", a, pb), dims, nd);
-  tp_val inv = dv(e, em_const(e, 1, ct), p);
-  gen = em_binary(e, "stablehlo.power", gen, em_bcast_to(e, inv, rank_of(e, gen), em_type(e, gen)->dims));
-  tp_val l2 = un(e, "stablehlo.sqrt", rsum(e, mul(e, a, a), dims, nd));
-  tp_val l1 = rsum(e, a, dims, nd);
-  tp_val l0 = rsum(e, em_convert(e, em_compare(e, "NE", a, kl(e, a, 0)), ct), dims, nd);
-  tp_val linf = nan_fix(e, a, em_reduce(e, a, zero, dims, nd, "stablehlo.maximum"), dims, nd);
-  tp_val lminf = rmin(e, a, dims, nd);
-  tp_val r = gen;
-  r = sel0(e, em_compare(e, "EQ", p, em_const(e, 2, ct)), l2, r);
-  r = sel0(e, em_compare(e, "EQ", p, em_const(e, 1, ct)), l1, r);
-  r = sel0(e, em_compare(e, "EQ", p, zero), l0, r);
-  r = sel0(e, em_compare(e, "EQ", p, em_const(e, INFINITY, ct)), linf, r);
-  r = sel0(e, em_compare(e, "EQ", p, em_const(e, -INFINITY, ct)), lminf, r);
-  o[0] = to_out(e, n, 0, r);
+  /* branch: 0 -> ord 2, 1 -> 1, 2 -> inf, 3 -> -inf, 4 -> 0, 5 -> other p */
+  static const double ords[5] = {2, 1, INFINITY, -INFINITY, 0};
+  tp_val idx = em_const_i(e, 5, TP_I32);
+  for (int b = 4; b >= 0; b--)
+    idx = em_select(e, em_compare(e, "EQ", p, em_const(e, ords[b], ct)), em_const_i(e, b, TP_I32), idx);
+  tp_type rt = *em_type(e, x);
+  rt.dt = ct;
+  rt.rank = 0;
+  for (int i = 0; i < em_type(e, x)->rank; i++) {
+    int red = 0;
+    for (int j = 0; j < nd; j++) red |= dims[j] == i;
+    if (!red) rt.dims[rt.rank++] = em_type(e, x)->dims[i];
+  }
+  if (em_failed(e)) return;
+  tp_case c;
+  case_open(e, &c, idx, 6, &rt);
+  for (int b = 0; b < 6 && !em_failed(e); b++) {
+    tp_val a;
+    if (is_cplx) {
+      tp_type at = *em_type(e, x);
+      at.dt = at.dt == TP_C64 ? TP_F32 : TP_F64;
+      a = em_convert(e, em_op(e, "stablehlo.abs", NULL, &x, 1, &at), ct);
+    } else {
+      a = un(e, "stablehlo.abs", em_convert(e, x, ct));
+    }
+    tp_val r;
+    switch (b) {
+      case 0: r = un(e, "stablehlo.sqrt", rsum(e, mul(e, a, a), dims, nd)); break;
+      case 1: r = rsum(e, a, dims, nd); break;
+      case 2: r = nan_fix(e, a, em_reduce(e, a, em_const(e, 0, ct), dims, nd, "stablehlo.maximum"), dims, nd); break;
+      case 3: r = rmin(e, a, dims, nd); break;
+      case 4: r = rsum(e, em_convert(e, em_compare(e, "NE", a, kl(e, a, 0)), ct), dims, nd); break;
+      default: {
+        tp_val s = rsum(e, em_binary(e, "stablehlo.power", a, em_bcast_to(e, p, em_type(e, a)->rank, em_type(e, a)->dims)),
+                        dims, nd);
+        tp_val inv = dv(e, em_const(e, 1, ct), p);
+        r = em_binary(e, "stablehlo.power", s, em_bcast_to(e, inv, rt.rank, rt.dims));
+      }
+    }
+    case_next(e, &c, r);
+  }
+  o[0] = to_out(e, n, 0, case_result(e, &c));
 }
 
 /* ---- scans ------------------------------------------------------------------------------------ */
 
-/* Inclusive scan along `dim` with a binary op (Hillis-Steele: log2(N) steps of
- * shift-and-combine, exact for integers).  `ident` fills the shifted-in part. */
-static tp_val scan(tp_emit *e, tp_val x, int dim, const char *op, double ident) {
-  const tp_type *t = em_type(e, x);
-  int r = t->rank;
-  int64_t len = t->dims[dim];
+/* Inclusive scan of v (R, L) along its last dim with a binary op.  Blocks of
+ * SCAN_B: within a block a sequential chain of ops (O(1) work per element,
+ * fused by the compiler), then the block totals are scanned the same way
+ * (recursively) and combined in.  Exact for integers; for floats the order
+ * is the sequential one within blocks.  `ident` pads. */
+#define SCAN_B 16
+static tp_val scan2(tp_emit *e, tp_val v, const char *op, double ident) {
+  const tp_type *t = em_type(e, v);
+  int64_t R = t->dims[0], L = t->dims[1];
+  if (L <= 1 || em_failed(e)) return v;
+  int64_t B = L < SCAN_B ? L : SCAN_B, M = (L + B - 1) / B;
   tp_val id = em_const(e, ident, t->dt);
-  for (int64_t s = 1; s < len; s *= 2) {
-    int64_t start[TP_MAX_RANK] = {0}, limit[TP_MAX_RANK], lo[TP_MAX_RANK] = {0}, hi[TP_MAX_RANK] = {0};
-    for (int i = 0; i < r; i++) limit[i] = em_type(e, x)->dims[i];
-    limit[dim] = len - s;
-    lo[dim] = s;
-    tp_val sh = em_pad(e, em_slice(e, x, start, limit, NULL), id, lo, hi, NULL);
-    x = em_binary(e, op, x, sh);
+  int64_t lo[2] = {0, 0}, hi[2] = {0, M * B - L};
+  v = em_pad(e, v, id, lo, hi, NULL);
+  int64_t d3[3] = {R, M, B};
+  v = em_reshape(e, v, 3, d3);
+  tp_val outs[SCAN_B];
+  for (int64_t j = 0; j < B; j++) {
+    int64_t st[3] = {0, 0, j}, lim[3] = {R, M, j + 1};
+    tp_val c = em_slice(e, v, st, lim, NULL);
+    outs[j] = j == 0 ? c : em_binary(e, op, outs[j - 1], c);
   }
-  return x;
+  tp_val y = em_concat(e, outs, (int)B, 2);
+  if (M > 1) {
+    int64_t d2[2] = {R, M};
+    tp_val inc = scan2(e, em_reshape(e, outs[B - 1], 2, d2), op, ident);
+    int64_t st[2] = {0, 0}, lim[2] = {R, M - 1}, plo[2] = {0, 1}, phi[2] = {0, 0};
+    tp_val excl = em_pad(e, em_slice(e, inc, st, lim, NULL), em_const(e, ident, t->dt), plo, phi, NULL);
+    int64_t map[2] = {0, 1};
+    tp_type yt = *em_type(e, y);
+    y = em_binary(e, op, em_bcast_in_dim(e, excl, &yt, map), y);
+  }
+  int64_t d2[2] = {R, M * B};
+  y = em_reshape(e, y, 2, d2);
+  int64_t st[2] = {0, 0}, lim[2] = {R, L};
+  return em_slice(e, y, st, lim, NULL);
+}
+
+/* Inclusive scan of x along `dim`. */
+static tp_val scan(tp_emit *e, tp_val x, int dim, const char *op, double ident) {
+  tp_type t = *em_type(e, x);
+  int r = t.rank;
+  int64_t perm[TP_MAX_RANK], inv[TP_MAX_RANK];
+  int k = 0;
+  for (int i = 0; i < r; i++)
+    if (i != dim) perm[k++] = i;
+  perm[k] = dim;
+  for (int i = 0; i < r; i++) inv[perm[i]] = i;
+  tp_val v = em_transpose(e, x, perm);
+  int64_t L = t.dims[dim], R = L ? tp_type_numel(&t) / L : 0;
+  if (R == 0 || L == 0) return x;
+  int64_t d2[2] = {R, L};
+  v = scan2(e, em_reshape(e, v, 2, d2), op, ident);
+  tp_type pt = t;
+  for (int i = 0; i < r; i++) pt.dims[i] = t.dims[perm[i]];
+  v = em_reshape(e, v, r, pt.dims);
+  return em_transpose(e, v, inv);
 }
 
 /* cumsum / cumprod(self, dim, *, dtype).  float32 accumulates in float64 as
@@ -449,7 +630,7 @@ static void softmax_like(tp_emit *e, const tp_node *n, tp_val *o, int is_log) {
     d = 0;
   }
   int64_t dims[1] = {d};
-  tp_val m = expand_back(e, rmax(e, x, dims, 1), x, dims, 1);
+  tp_val m = expand_back(e, rmax_nonan(e, x, dims, 1), x, dims, 1); /* a NaN reaches the sum */
   tp_val z = sub(e, x, m);
   tp_val ez = un(e, "stablehlo.exponential", z);
   tp_val s = expand_back(e, rsum(e, ez, dims, 1), x, dims, 1);
@@ -563,51 +744,6 @@ static void r_addmm_act(tp_emit *e, const tp_node *n, tp_val *o) { addprod(e, n,
 
 /* ---- sorting ----------------------------------------------------------------------------------- */
 
-/* emit.h has no way to write an op with a region other than em_reduce and
- * em_argreduce, so stablehlo.sort is written through em_op's op-name text.
- * em_op prints `%vV = "NAME"(ins) {attrs} : (types) -> T`; NAME carries
- * whole extra statements, each call binding %vV to a plain op:
- *   call 1: %vV = reshape(x); %sK:2 = sort(x, iota) {...}; %jK = reshape(x)
- *   call 2: %vV = reshape(%sK#0); %jK2 = reshape(x)       (sorted values)
- *   call 3: %vV = reshape(%sK#1); %jK3 = reshape(iota)    (their indices)
- * The %j values are dead and removed by the compiler. */
-static unsigned g_sort_seq;
-
-typedef struct sbuild {
-  char *p;
-  size_t len, cap;
-  int oom;
-} sbuild;
-
-static void sbp(sbuild *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void sbp(sbuild *b, const char *fmt, ...) {
-  if (b->oom) return;
-  for (;;) {
-    va_list ap;
-    va_start(ap, fmt);
-    size_t room = b->cap - b->len;
-    int k = vsnprintf(b->p ? b->p + b->len : NULL, b->p ? room : 0, fmt, ap);
-    va_end(ap);
-    if (k < 0) {
-      b->oom = 1;
-      return;
-    }
-    if (b->p && (size_t)k < room) {
-      b->len += (size_t)k;
-      return;
-    }
-    size_t nc = b->cap ? b->cap * 2 : 2048;
-    while (nc < b->len + (size_t)k + 1) nc *= 2;
-    char *np = realloc(b->p, nc);
-    if (!np) {
-      b->oom = 1;
-      return;
-    }
-    b->p = np;
-    b->cap = nc;
-  }
-}
-
 /* Stable sort of x along dim; NaN is the largest value (last ascending,
  * first descending), like PyTorch.  Returns values and i64 indices. */
 static void sort_dim(tp_emit *e, const tp_node *n, tp_val x, int dim, int descending, tp_val *vals, tp_val *idx) {
@@ -622,7 +758,7 @@ static void sort_dim(tp_emit *e, const tp_node *n, tp_val x, int dim, int descen
   it.dt = TP_I64;
   tp_val io = em_iota(e, &it, dim);
   if (em_failed(e)) return;
-  unsigned k = __atomic_fetch_add(&g_sort_seq, 1, __ATOMIC_RELAXED);
+  unsigned k = raw_id();
   char tx[256], ti[256], ts[64], tsi[64];
   tp_type st = tp_type_make(xt.dt, 0, NULL), sti = tp_type_make(TP_I64, 0, NULL);
   tp_type_str(&xt, tx, sizeof tx);
@@ -632,7 +768,6 @@ static void sort_dim(tp_emit *e, const tp_node *n, tp_val x, int dim, int descen
   const char *ct = tp_dtype_is_float(xt.dt) ? "FLOAT" : (tp_dtype_is_unsigned(xt.dt) || xt.dt == TP_BOOL) ? "UNSIGNED" : "SIGNED";
   const char *b1 = "tensor<i1>";
   sbuild b = {0};
-  sbp(&b, "stablehlo.reshape\"(%%v%d) : (%s) -> %s\n", x, tx, tx);
   sbp(&b, "    %%s%u:2 = \"stablehlo.sort\"(%%v%d, %%v%d) ({\n", k, x, io);
   sbp(&b, "    ^bb0(%%s%ua: %s, %%s%ub: %s, %%s%uia: %s, %%s%uib: %s):\n", k, ts, k, ts, k, tsi, k, tsi);
 #define CMPL(name, dir, l, r)                                                                                        \
@@ -656,20 +791,18 @@ static void sort_dim(tp_emit *e, const tp_node *n, tp_val x, int dim, int descen
 #undef CMPL
   sbp(&b, "      \"stablehlo.return\"(%%s%u%s) : (%s) -> ()\n", k, res, b1);
   sbp(&b, "    }) {dimension = %d : i64, is_stable = true} : (%s, %s) -> (%s, %s)\n", dim, tx, ti, tx, ti);
-  sbp(&b, "    %%j%ua = \"stablehlo.reshape", k);
   if (b.oom) {
     free(b.p);
     em_fail(e, TP_RESOURCE_EXHAUSTED, "out of memory building a program");
     return;
   }
-  tp_val first = em_op(e, b.p, NULL, &x, 1, &xt);
-  (void)first;
-  char nm[1024];
-  snprintf(nm, sizeof nm, "stablehlo.reshape\"(%%s%u#0) : (%s) -> %s\n    %%j%ub = \"stablehlo.reshape", k, tx, tx, k);
-  *vals = em_op(e, nm, NULL, &x, 1, &xt);
-  snprintf(nm, sizeof nm, "stablehlo.reshape\"(%%s%u#1) : (%s) -> %s\n    %%j%uc = \"stablehlo.reshape", k, ti, ti, k);
-  *idx = em_op(e, nm, NULL, &io, 1, &it);
+  raw_text(e, x, b.p);
   free(b.p);
+  char nm[48];
+  snprintf(nm, sizeof nm, "%%s%u#0", k);
+  *vals = raw_bind(e, nm, &xt);
+  snprintf(nm, sizeof nm, "%%s%u#1", k);
+  *idx = raw_bind(e, nm, &it);
 }
 
 /* sort.stable(self, *, stable, dim=-1, descending) / sort(self, dim=-1, descending) */

@@ -781,7 +781,7 @@ static int index_plan(tp_emit *e, const tp_node *n, tp_val x, int ai, iplan *p, 
     em_fail(e, TP_INVALID_ARGUMENT, "%s: expected a list of index tensors", n->op);
     return 0;
   }
-  int d = 0, nmask = 0, nint = 0;
+  int d = 0, nmask = 0, nint = 0, mask0d = 0;
   tp_val raw[TP_MAX_RANK];
   for (int j = 0; j < L->n; j++) {
     tp_val v = L->vs[j];
@@ -794,8 +794,8 @@ static int index_plan(tp_emit *e, const tp_node *n, tp_val x, int ai, iplan *p, 
       nmask++;
       p->mask_dim = d;
       p->mask_v = v;
-      d += vt->rank ? vt->rank : 1; /* a 0-d mask adds a dim; not handled below */
-      if (vt->rank == 0) nmask += 100;
+      mask0d |= vt->rank == 0; /* x[True]: adds a dim; not lowered */
+      d += vt->rank;
       continue;
     }
     if (!tp_dtype_is_int(vt->dt)) {
@@ -811,7 +811,7 @@ static int index_plan(tp_emit *e, const tp_node *n, tp_val x, int ai, iplan *p, 
     nint++;
   }
   if (nmask) {
-    if (!allow_mask || nmask != 1 || nint != 0) {
+    if (!allow_mask || nmask != 1 || nint != 0 || mask0d) {
       em_fail(e, TP_UNIMPLEMENTED,
               "%s: indexing with bool or byte masks has a data-dependent shape; only a single mask in index_put is "
               "lowered",

@@ -81,6 +81,7 @@ _CEA_OPS = [
     "native_group_norm",
     "convolution",
     "convolution_backward",
+    "_native_batch_norm_legit_functional",
 ]
 
 
@@ -98,6 +99,12 @@ def route_composite_ops():
         routed.append(name)
     yield routed
     lib._destroy()
+
+
+def test_composite_ops_reach_the_rules(route_composite_ops):
+    for name in _CEA_OPS:
+        assert torch._C._dispatch_has_kernel_for_dispatch_key("aten::" + name, "PrivateUse1"), name
+        assert _uses_rule("aten::" + name), name
 
 
 def test_rules_registered():
@@ -246,6 +253,20 @@ def test_batch_norm_train_updates_running_stats():
     y.sum().backward()
     yt.sum().backward()
     assert_close(xt.grad, x.grad, rtol=1e-4, atol=1e-5)
+
+
+def test_batch_norm_functional_returns_running_stats():
+    """The 5-output form: updated running stats come back as outputs 3 and 4."""
+    x, w, b = rnd(4, 3, 5, grad=False), rnd(3, grad=False, seed=1), rnd(3, grad=False, seed=2)
+    rm, rv = rnd(3, grad=False, seed=4), rnd(3, grad=False, seed=5).abs() + 0.5
+    for training in (True, False):
+        # (in eval mode PyTorch's CPU kernel returns empty save_mean/save_invstd, the meta function [C])
+        pick = (lambda r: r) if training else (lambda r: (r[0], r[3], r[4]))
+        check(lambda x, w, b, rm, rv: pick(aten._native_batch_norm_legit_functional(x, w, b, rm, rv, training, 0.2,
+                                                                                     1e-5)),
+              x, w, b, rm, rv, rtol=1e-5, atol=1e-5)
+    check(lambda x, rm, rv: aten._native_batch_norm_legit_functional(x, None, None, rm, rv, True, 0.2, 1e-5),
+          x, rm, rv, rtol=1e-5, atol=1e-5)
 
 
 def test_batch_norm_backward_direct():

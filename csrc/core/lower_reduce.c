@@ -187,8 +187,6 @@ static tp_val input_acc(tp_emit *e, const tp_node *n, int i) {
  * (the compiler removes both).  raw_bind() turns a named result of such text
  * into an ordinary value.  Values defined inside a region must not be used
  * after it closes. */
-static unsigned g_raw_seq;
-
 typedef struct sbuild {
   char *p;
   size_t len, cap;
@@ -224,7 +222,13 @@ static void sbp(sbuild *b, const char *fmt, ...) {
   }
 }
 
-static unsigned raw_id(void) { return __atomic_fetch_add(&g_raw_seq, 1, __ATOMIC_RELAXED); }
+/* A number for names no other value in this program uses: the id of a fresh
+ * (dead) value.  Deterministic, so equal programs have equal text (the
+ * persistent cache is keyed by the text). */
+static unsigned raw_id(tp_emit *e) {
+  tp_val tag = em_const_i(e, 0, TP_I8);
+  return tag < 0 ? 0u : (unsigned)tag;
+}
 
 static const char *tstr(tp_emit *e, tp_val v, char *buf, size_t cap) { return tp_type_str(em_type(e, v), buf, cap); }
 
@@ -234,7 +238,7 @@ static void raw_text(tp_emit *e, tp_val anchor, const char *text) {
   char ta[256];
   tstr(e, anchor, ta, sizeof ta);
   sbuild b = {0};
-  sbp(&b, "stablehlo.reshape\"(%%v%d) : (%s) -> %s\n%s    %%j%u = \"stablehlo.reshape", anchor, ta, ta, text, raw_id());
+  sbp(&b, "stablehlo.reshape\"(%%v%d) : (%s) -> %s\n%s    %%j%u = \"stablehlo.reshape", anchor, ta, ta, text, raw_id(e));
   if (b.oom) em_fail(e, TP_RESOURCE_EXHAUSTED, "out of memory building a program");
   else em_op(e, b.p, NULL, &anchor, 1, em_type(e, anchor));
   free(b.p);
@@ -247,7 +251,7 @@ static tp_val raw_bind(tp_emit *e, const char *name, const tp_type *t) {
   char tt[256], nm[768];
   tp_type_str(t, tt, sizeof tt);
   snprintf(nm, sizeof nm, "stablehlo.reshape\"(%s) : (%s) -> %s\n    %%j%u = \"stablehlo.broadcast_in_dim", name, tt, tt,
-           raw_id());
+           raw_id(e));
   return em_op(e, nm, "broadcast_dimensions = array<i64>", &c, 1, t);
 }
 
@@ -261,7 +265,7 @@ typedef struct tp_case {
 } tp_case;
 
 static void case_open(tp_emit *e, tp_case *c, tp_val index, int nbranch, const tp_type *t) {
-  c->id = raw_id();
+  c->id = raw_id(e);
   c->index = index;
   c->nbranch = nbranch;
   c->done = 0;
@@ -758,7 +762,7 @@ static void sort_dim(tp_emit *e, const tp_node *n, tp_val x, int dim, int descen
   it.dt = TP_I64;
   tp_val io = em_iota(e, &it, dim);
   if (em_failed(e)) return;
-  unsigned k = raw_id();
+  unsigned k = raw_id(e);
   char tx[256], ti[256], ts[64], tsi[64];
   tp_type st = tp_type_make(xt.dt, 0, NULL), sti = tp_type_make(TP_I64, 0, NULL);
   tp_type_str(&xt, tx, sizeof tx);

@@ -22,6 +22,7 @@ LOWERED = [
     "aten::_log_softmax", "aten::_softmax_backward_data", "aten::_log_softmax_backward_data", "aten::mm",
     "aten::bmm", "aten::mv", "aten::dot", "aten::vdot", "aten::addmm", "aten::baddbmm", "aten::addmv",
     "aten::addbmm", "aten::_addmm_activation", "aten::sort", "aten::sort.stable", "aten::topk", "aten::kthvalue",
+    "aten::median", "aten::median.dim", "aten::nanmedian", "aten::nanmedian.dim",
 ]
 
 
@@ -142,7 +143,7 @@ def test_amax_grad_and_nan():
     check(lambda t: t.amax(1), torch.zeros(0, 3))
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int32, torch.bool])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int32, torch.int8, torch.uint8, torch.bool])
 def test_max_min_dim(dtype):
     if dtype.is_floating_point:
         x = randn(4, 6, 5).to(dtype)
@@ -429,6 +430,64 @@ def test_topk_nan_grad():
     v, i = torch.topk(randn(2, 50000).to("tpu"), 5)  # a vocabulary-sized row
     ev, ei = torch.topk(randn(2, 50000), 5)
     assert torch.equal(v.cpu(), ev) and torch.equal(i.cpu(), ei)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64])
+def test_median(dtype):
+    x = torch.randperm(42, generator=torch.Generator().manual_seed(2)).reshape(6, 7).to(dtype)  # no ties
+    for f in [lambda t: t.median(), lambda t: t.nanmedian(), lambda t: t.median(1), lambda t: t.median(0, keepdim=True),
+              lambda t: t.nanmedian(-1), lambda t: t[:, :6].median(1), lambda t: t.t().median(1)]:
+        check(f, x)
+
+
+def test_median_nan():
+    x = torch.tensor([[3.0, NAN, 1.0, NAN, 2.0], [5.0, 4.0, 3.0, 2.0, 1.0], [NAN, NAN, NAN, NAN, NAN],
+                      [-0.0, 7.0, NAN, -1.0, 8.0]])
+    for f in [lambda t: t.median(1), lambda t: t.nanmedian(1)[0], lambda t: t[[0, 1, 3]].nanmedian(1), lambda t: t.median(),
+              lambda t: t.nanmedian(), lambda t: t[1].median(), lambda t: t[3].nanmedian()]:
+        check(f, x)  # (the index nanmedian gives for an all-NaN row is std::nth_element's accident)
+    r = torch.tensor([[-0.0, 1.0, -2.0]]).to("tpu").median(1)[0].cpu()
+    assert r.item() == 0.0 and math.copysign(1.0, r.item()) < 0  # the element itself, sign included
+    check(lambda t: t.median(), torch.zeros(0))  # nan
+    check(lambda t: t.median(0), torch.tensor(2.0))
+    check(lambda t: t.median(1)[0], randn(3, 5, grad=True), grad=True)
+
+
+# ---- out= and in-place forms, whole-graph programs ---------------------------------------------------
+
+def test_out_and_inplace():
+    x, y = randn(4, 5), randn(5, 3, seed=1)
+
+    def f(x, y):
+        s = torch.empty(0, device=x.device)
+        torch.sum(x, 1, out=s)
+        m = torch.empty(4, 3, device=x.device)
+        torch.mm(x, y, out=m)
+        v, i = torch.empty(0, device=x.device), torch.empty(0, dtype=torch.long, device=x.device)
+        torch.max(x, 0, out=(v, i))
+        c = x.clone()
+        c.cumsum_(1)
+        sv, si = torch.empty(0, device=x.device), torch.empty(0, dtype=torch.long, device=x.device)
+        torch.sort(x, 1, out=(sv, si))
+        return s, m, v, i, c, sv, si
+
+    check(f, x, y)
+
+
+def test_compiled_graph():
+    """Several region ops (sort, topk, the norm's case) in one whole-graph program."""
+    def f(x, w):
+        h = x @ w
+        v, i = torch.topk(torch.softmax(h, -1), 3)
+        s, si = torch.sort(h, dim=0, stable=True)
+        n = torch.linalg.vector_norm(h, 2.0, dim=-1) + torch.linalg.vector_norm(h, 1.0, dim=-1)
+        return v.sum() + n.mean() + h.cumsum(-1).amax() + s[0].sum() + torch.var(h), i, si
+
+    x, w = randn(5, 6), randn(6, 40, seed=1)
+    expected = f(x, w)
+    actual = torch.compile(f, backend="tpu")(x.to("tpu"), w.to("tpu"))
+    for a, e in zip(actual, expected):
+        torch.testing.assert_close(a.cpu(), e, rtol=1e-5, atol=1e-5)
 
 
 # ---- a small model step ------------------------------------------------------------------------------

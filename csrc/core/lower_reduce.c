@@ -553,6 +553,7 @@ static void r_vector_norm(tp_emit *e, const tp_node *n, tp_val *o) {
  * (recursively) and combined in.  Exact for integers; for floats the order
  * is the sequential one within blocks.  `ident` pads. */
 #define SCAN_B 16
+
 static tp_val scan2(tp_emit *e, tp_val v, const char *op, double ident) {
   const tp_type *t = em_type(e, v);
   int64_t R = t->dims[0], L = t->dims[1];
@@ -619,6 +620,7 @@ static void cum_like(tp_emit *e, const tp_node *n, tp_val *o, int is_prod) {
 }
 static void r_cumsum(tp_emit *e, const tp_node *n, tp_val *o) { cum_like(e, n, o, 0); }
 static void r_cumprod(tp_emit *e, const tp_node *n, tp_val *o) { cum_like(e, n, o, 1); }
+
 
 /* ---- softmax --------------------------------------------------------------------------------- */
 
@@ -879,6 +881,64 @@ static void r_kthvalue(tp_emit *e, const tp_node *n, tp_val *o) {
   o[1] = to_out(e, n, 1, take(e, i, d, kk - 1, 1));
 }
 
+/* median / nanmedian: the sorted element at a per-row position.  median
+ * takes the lower middle, or the first NaN if there is one; nanmedian the
+ * lower middle of the non-NaN values (if all are NaN, the middle one).  full: flattened,
+ * values only; else (self, dim, keepdim) -> (values, indices). */
+static void median_like(tp_emit *e, const tp_node *n, tp_val *o, int full, int nan_skip) {
+  tp_val x = lw_value(e, n, 0);
+  int d = 0;
+  if (full) {
+    int64_t numel = tp_type_numel(em_type(e, x));
+    x = em_reshape(e, x, 1, &numel);
+    if (numel == 0) {
+      o[0] = to_out(e, n, 0, em_const(e, NAN, dt_of(e, x)));
+      return;
+    }
+  } else {
+    d = one_dim(e, n, 1, rank_of(e, x));
+    if (em_failed(e)) return;
+    if (d < 0) { /* rank 0 */
+      o[0] = to_out(e, n, 0, x);
+      o[1] = to_out(e, n, 1, em_const_i(e, 0, TP_I64));
+      return;
+    }
+  }
+  tp_dtype dt = dt_of(e, x);
+  if (dt == TP_BOOL || tp_dtype_is_complex(dt)) {
+    o[0] = em_fail(e, TP_INVALID_ARGUMENT, "%s: not supported for %s tensors", n->op, tp_dtype_name(dt));
+    return;
+  }
+  int64_t L = em_type(e, x)->dims[d], dims[1] = {d};
+  tp_val sv, si;
+  sort_dim(e, n, x, d, 0, &sv, &si);
+  /* pos: per-row position in the sorted order (i64, x's shape minus d) */
+  tp_type it = *em_type(e, x);
+  it.dt = TP_I64;
+  tp_val cnt;
+  if (tp_dtype_is_float(dt)) cnt = rsum(e, em_convert(e, em_compare(e, "EQ", x, x), TP_I64), dims, 1);
+  else cnt = rsum(e, em_full(e, 1, &it), dims, 1);
+  tp_val pos;
+  if (nan_skip) {
+    tp_val one = kl(e, cnt, 1), zero = kl(e, cnt, 0);
+    tp_val mid = dv(e, sub(e, cnt, one), kl(e, cnt, 2));
+    pos = em_select(e, em_compare(e, "EQ", cnt, zero), kl(e, cnt, (double)((L - 1) / 2)), mid); /* all NaN: as PyTorch */
+  } else {
+    pos = em_select(e, em_compare(e, "LT", cnt, kl(e, cnt, (double)L)), cnt, kl(e, cnt, (double)((L - 1) / 2)));
+  }
+  tp_val mask = em_compare(e, "EQ", em_iota(e, &it, d), expand_back(e, pos, x, dims, 1));
+  /* exactly one element per row is picked: summing it onto -0.0 keeps it bit-exact */
+  tp_val negz = tp_dtype_is_float(dt) ? em_const(e, -0.0, dt) : em_const(e, 0, dt);
+  const tp_type *st = em_type(e, sv);
+  tp_val v = em_reduce(e, em_select(e, mask, sv, em_bcast_to(e, negz, st->rank, st->dims)), negz, dims, 1, "stablehlo.add");
+  o[0] = to_out(e, n, 0, v);
+  if (!full) o[1] = to_out(e, n, 1, rsum(e, em_select(e, mask, si, kl(e, si, 0)), dims, 1));
+}
+static void r_median(tp_emit *e, const tp_node *n, tp_val *o) { median_like(e, n, o, 1, 0); }
+static void r_median_dim(tp_emit *e, const tp_node *n, tp_val *o) { median_like(e, n, o, 0, 0); }
+static void r_nanmedian(tp_emit *e, const tp_node *n, tp_val *o) { median_like(e, n, o, 1, 1); }
+static void r_nanmedian_dim(tp_emit *e, const tp_node *n, tp_val *o) { median_like(e, n, o, 0, 1); }
+
 const tp_lower_entry tp_lower_reduce[] = {
     {"aten::sum", r_sum},
     {"aten::sum.dim_IntList", r_sum_dim},
@@ -926,5 +986,9 @@ const tp_lower_entry tp_lower_reduce[] = {
     {"aten::sort.stable", r_sort_stable},
     {"aten::topk", r_topk},
     {"aten::kthvalue", r_kthvalue},
+    {"aten::median", r_median},
+    {"aten::median.dim", r_median_dim},
+    {"aten::nanmedian", r_nanmedian},
+    {"aten::nanmedian.dim", r_nanmedian_dim},
     {NULL, NULL},
 };

@@ -4,9 +4,10 @@
  * PyTorch's meta function (n->outs).  Reductions accumulate in
  * lw_opmath(out dtype) (f32 for f16/bf16, as PyTorch's CPU kernels do) and
  * round once; the reduced value is reshaped to the output's shape, which
- * takes care of keepdim.  Scalar arguments (beta, alpha, correction, ord)
- * are runtime values: behaviour that depends on them is selected at run
- * time, so a new value never recompiles. */
+ * takes care of keepdim.  Number arguments (beta, alpha, correction, ord)
+ * may be runtime scalars: behaviour that depends on their value is chosen
+ * in the program (select, or stablehlo.case for vector_norm's ord), so a new
+ * value never recompiles; num_arg also takes them as static numbers. */
 #include <inttypes.h>
 #include <math.h>
 #include <stdarg.h>
@@ -15,8 +16,6 @@
 #include <string.h>
 
 #include "lower_util.h"
-
-#define OUT0 (&n->outs[0])
 
 /* ---- small helpers ------------------------------------------------------------ */
 
@@ -306,9 +305,8 @@ static tp_val case_result(tp_emit *e, const tp_case *c) {
 static void sum_like(tp_emit *e, const tp_node *n, tp_val *o, int dim_i, int is_mean) {
   tp_val x = input_acc(e, n, 0);
   int64_t dims[TP_MAX_RANK];
-  int nd = dim_i < 0 ? rank_of(e, x) : red_dims(e, n, dim_i, rank_of(e, x), 1, dims);
-  if (dim_i < 0)
-    for (int d = 0; d < nd; d++) dims[d] = d;
+  /* the full forms have no dim argument: red_dims reads it as None (all) */
+  int nd = red_dims(e, n, dim_i < 0 ? n->nargs + 1 : dim_i, rank_of(e, x), 1, dims);
   if (nd < 0) return;
   tp_val s = rsum(e, x, dims, nd);
   if (is_mean) s = dv(e, s, kl(e, s, (double)count_of(e, x, dims, nd)));

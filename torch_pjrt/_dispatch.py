@@ -11,6 +11,7 @@ An op without a lowering is decomposed with PyTorch's decompositions when
 one exists; otherwise it raises NotImplementedError, or runs on the CPU
 when CPU fallback is on.
 """
+import functools
 import os
 import threading
 
@@ -89,6 +90,9 @@ def _scalar_code(v):
     return 7
 
 
+# Ops that update arguments in place without saying so in their schema.
+_MUTATES = {"aten::native_batch_norm": (3, 4)}
+
 # Ops whose output shape (or whose errors) depend on the value of a Python number.
 _SHAPE_FROM_VALUES = {"arange", "linspace", "logspace", "range", "pow", "full"}
 
@@ -149,6 +153,12 @@ def _to_meta(v):
     return v
 
 
+def _to_meta_all(v):
+    if isinstance(v, torch.Tensor) and v.device.type in ("tpu", "cpu"):
+        return torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device="meta")
+    return v
+
+
 # --------------------------------------------------------------------------
 # Per-op handlers
 
@@ -200,6 +210,13 @@ class _Handler:
         self.number_is_scalar = [str(a.type) in _NUMBER_TYPES for a in self.args_schema]
         self.numbers_by_value = self.name.split("::")[1].split(".")[0] in _SHAPE_FROM_VALUES
         self.meta_cache = {}
+        # Arguments a functional op updates in place (batch norm's running
+        # stats): passed to the rule as extra outputs after the real ones.
+        self.mutated_idx = [] if (self.is_out or self.is_inplace) else [
+            i for i, a in enumerate(self.args_schema)
+            if a.alias_info is not None and a.alias_info.is_write] or list(_MUTATES.get(self.name, ()))
+        # Tensor?[] index lists may hold CPU tensors (PyTorch moves them).
+        self.index_lists = [i for i, a in enumerate(self.args_schema) if str(a.type) == "List[Optional[Tensor]]"]
 
     def _functional_for_out(self):
         """The functional overload an out= overload computes, if it has a lowering."""
@@ -272,13 +289,77 @@ class _Handler:
         return device, tuple(enc), tuple(key)
 
     def _meta(self, args, kwargs):
-        meta_out = self.op(*tree_map(_to_meta, args), **tree_map(_to_meta, kwargs))
+        try:
+            meta_out = self.op(*tree_map(_to_meta, args), **tree_map(_to_meta, kwargs))
+        except RuntimeError as e:
+            msg = str(e)
+            if "Expected a value of type 'Tensor'" in msg:
+                # A Python number where the schema says Tensor (the dispatcher
+                # passes it unwrapped to boxed kernels): wrap it.
+                args, kwargs = self._wrap_numbers(args, kwargs)
+                return self._meta(args, kwargs)
+            # Some meta functions refuse a CPU scalar tensor next to meta
+            # tensors; retry with those on meta as well.
+            if "cpu" not in msg:
+                raise
+            meta_out = self.op(*tree_map(_to_meta_all, args), **tree_map(_to_meta_all, kwargs))
         multi = isinstance(meta_out, (tuple, list))
         metas = meta_out if multi else (meta_out,)
         specs = tuple(None if m is None else (m.shape, m.stride(), m.dtype) for m in metas)
         return (multi, specs)
 
+    def _fix_indices(self, args, kwargs, masks_to_indices):
+        """Index lists: CPU index tensors go to the device (as on CUDA), and
+        bool/uint8 masks become long indices (nonzero runs on the host)."""
+        args = list(args)
+        for i in self.index_lists:
+            a = self.args_schema[i]
+            in_args = i < len(args) and not a.kwarg_only
+            lst = args[i] if in_args else kwargs.get(a.name)
+            if not lst:
+                continue
+            dev = next((t.device for t in list(args) + list(kwargs.values())
+                        if isinstance(t, torch.Tensor) and t.device.type == "tpu"), None)
+            new = []
+            for t in lst:
+                if isinstance(t, torch.Tensor):
+                    if t.device.type != "tpu" and dev is not None:
+                        t = t.to(dev)
+                    if masks_to_indices and t.dtype in (torch.bool, torch.uint8):
+                        nz = torch.nonzero(t)
+                        new.extend(nz.select(1, j) for j in range(t.dim()))
+                        continue
+                new.append(t)
+            if in_args:
+                args[i] = new
+            else:
+                kwargs = dict(kwargs, **{a.name: new})
+        return tuple(args), kwargs
+
+    def _wrap_numbers(self, args, kwargs):
+        def wrap(v):
+            if isinstance(v, bool):
+                return torch.tensor(v)
+            if isinstance(v, int):
+                return torch.tensor(v, dtype=torch.int64)
+            if isinstance(v, float):
+                return torch.tensor(v, dtype=torch.get_default_dtype())
+            return v
+
+        args = list(args)
+        for i, a in enumerate(self.args_schema):
+            if str(a.type) != "Tensor":
+                continue
+            if i < len(args) and not a.kwarg_only:
+                args[i] = wrap(args[i])
+            elif a.name in kwargs:
+                kwargs = dict(kwargs, **{a.name: wrap(kwargs[a.name])})
+        return tuple(args), kwargs
+
     def __call__(self, args, kwargs):
+        if self.index_lists:
+            # index_put rules handle a bool mask themselves (static shapes).
+            args, kwargs = self._fix_indices(args, kwargs, "index_put" not in self.name)
         vals = self._values(args, kwargs, self.all_args)
         device, enc_all, key = self._encode_and_key(vals)
         spec = self.meta_cache.get(key)
@@ -304,7 +385,9 @@ class _Handler:
         outs = [None if m is None else torch.empty_strided(m[0], m[1], dtype=m[2], device=dev) for m in specs]
         # Backward ops with an output_mask leave some outputs undefined (None):
         # the rule receives only the defined ones, in order.
-        _C.run(self.lowering, enc, None, tuple(_ref(o) for o in outs if o is not None))
+        refs = [_ref(o) for o in outs if o is not None]
+        refs += [_ref(vals[i]) for i in self.mutated_idx if isinstance(vals[i], torch.Tensor)]
+        _C.run(self.lowering, enc, None, tuple(refs))
         if multi:
             return tuple(outs)
         return outs[0]
@@ -489,11 +572,31 @@ _SPECIAL = {
 }
 
 
+# Ops with a CompositeExplicitAutograd kernel (so they never reach the
+# fallback by themselves) that we lower directly: convolution's composite
+# kernel ends in convolution_overrideable, which has no implementation; the
+# others decompose into many small ops.  Their autograd formulas are separate,
+# so a backend kernel is safe.
+_DIRECT = [
+    "convolution", "convolution_backward", "native_layer_norm", "native_group_norm",
+    "_native_batch_norm_legit_functional", "_native_batch_norm_legit_no_training",
+    "stack", "constant_pad_nd", "repeat", "embedding", "index_put",
+]
+
+
 def install():
     """Register the fallback (once per process)."""
-    global _fallback_lib
+    global _fallback_lib, _impl_lib
     if _fallback_lib is not None:
         return
     lib = torch.library.Library("_", "IMPL")
     lib.fallback(_fallback, "PrivateUse1")
     _fallback_lib = lib
+    impl = torch.library.Library("aten", "IMPL")
+    for name in _DIRECT:
+        packet = getattr(torch.ops.aten, name)
+        for ovl in packet.overloads():
+            op = getattr(packet, ovl)
+            if _C.has_lowering(_qualname(op)):
+                impl.impl(op, functools.partial(_fallback, op), "PrivateUse1")
+    _impl_lib = impl

@@ -525,20 +525,33 @@ static struct {
   unsigned char bytes[16];
 } g_scalars[NSCALARS];
 
-static tp_status *scalar_buffer(tp_plugin *p, int device, const tp_arg *a, tp_dtype dt, tp_buffer **out) {
+/* `busy`/`nbusy`: slots already passed to this call's execution; such a
+ * slot is not replaced (its buffer is in use): the scalar is uploaded
+ * uncached instead and *owned is set (the caller frees it after launching). */
+static tp_status *scalar_buffer(tp_plugin *p, int device, const tp_arg *a, tp_dtype dt, size_t *busy, int *nbusy,
+                                tp_buffer **out, int *owned) {
   unsigned char b[16];
   scalar_bytes(a, dt, b);
   uint64_t h = hash_bytes(b, 16) ^ ((uint64_t)dt * 31u + (uint64_t)device * 1000003u);
   size_t slot = h % NSCALARS;
+  *owned = 0;
   if (g_scalars[slot].buf && g_scalars[slot].device == device && g_scalars[slot].dt == dt &&
       !memcmp(g_scalars[slot].bytes, b, 16)) {
     *out = g_scalars[slot].buf;
+    busy[(*nbusy)++] = slot;
     return NULL;
   }
   tp_buffer *nb = NULL;
   TP_RETURN_IF_ERROR(tp_buffer_from_host(p, device, dt, NULL, 0, b, &nb));
   g_stats.h2d_transfers++;
   g_stats.h2d_bytes += (int64_t)tp_dtype_size(dt);
+  for (int i = 0; i < *nbusy; i++)
+    if (busy[i] == slot) {
+      *out = nb;
+      *owned = 1;
+      return NULL;
+    }
+  busy[(*nbusy)++] = slot;
   tp_buffer_free(g_scalars[slot].buf);
   g_scalars[slot].buf = nb;
   g_scalars[slot].device = device;
@@ -878,7 +891,8 @@ static tp_status *run_locked(tp_plugin *p, tp_lower_ctx *c, const char *op, cons
   tp_buffer *inb[256], *tmp[256], *outb[MAX_STORAGES > 256 ? 256 : MAX_STORAGES];
   tp_buffer **in = en->nparams <= 256 ? inb : calloc((size_t)en->nparams, sizeof(tp_buffer *));
   tp_buffer **ob = en->nres <= 256 ? outb : calloc((size_t)en->nres, sizeof(tp_buffer *));
-  int ntmp = 0;
+  int ntmp = 0, nbusy = 0;
+  size_t busy[256];
   if (!in || !ob) {
     st = tp_error(TP_RESOURCE_EXHAUSTED, "out of host memory");
     goto out;
@@ -888,7 +902,16 @@ static tp_status *run_locked(tp_plugin *p, tp_lower_ctx *c, const char *op, cons
     if (ps->kind == SRC_STORAGE) {
       in[i] = tp_storage_buffer(c->st[ps->idx]);
     } else if (ps->kind == SRC_SCALAR) {
-      st = scalar_buffer(p, device, &args[ps->idx].a, ps->dt, &in[i]);
+      int owned = 0;
+      if (nbusy >= 256) { /* more scalars than we track: never reuse a slot */
+        st = tp_error(TP_RESOURCE_EXHAUSTED, "too many scalar arguments");
+        break;
+      }
+      st = scalar_buffer(p, device, &args[ps->idx].a, ps->dt, busy, &nbusy, &in[i], &owned);
+      if (!st && owned) {
+        if (ntmp < 256) tmp[ntmp++] = in[i];
+        else st = tp_error(TP_RESOURCE_EXHAUSTED, "too many scalar arguments");
+      }
     } else {
       uint64_t key[2];
       tp_runtime_rng_advance(device, en->rng_count, &key[0], &key[1]);

@@ -2,6 +2,7 @@
 #include "emit.h"
 
 #include <inttypes.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -114,7 +115,8 @@ tp_status *em_take_error(tp_emit *e) {
   return s;
 }
 
-static tp_val new_val(tp_emit *e, const tp_type *t) {
+static tp_val new_val(tp_emit *e, const tp_type *tin) {
+  tp_type t = *tin; /* tin may point into e->types, which realloc moves */
   if (e->nvals == e->capvals) {
     int nc = e->capvals ? e->capvals * 2 : 64;
     tp_type *nt = realloc(e->types, sizeof(tp_type) * (size_t)nc);
@@ -122,7 +124,7 @@ static tp_val new_val(tp_emit *e, const tp_type *t) {
     e->types = nt;
     e->capvals = nc;
   }
-  e->types[e->nvals] = *t;
+  e->types[e->nvals] = t;
   return e->nvals++;
 }
 
@@ -260,9 +262,10 @@ tp_val em_const_i(tp_emit *e, int64_t v, tp_dtype dt) {
   return const_text(e, lit, dt);
 }
 
-tp_val em_full(tp_emit *e, double v, const tp_type *t) {
-  tp_val c = em_const(e, v, t->dt);
-  return em_bcast_in_dim(e, c, t, NULL);
+tp_val em_full(tp_emit *e, double v, const tp_type *tin) {
+  tp_type t = *tin; /* tin may point into e->types */
+  tp_val c = em_const(e, v, t.dt);
+  return em_bcast_in_dim(e, c, &t, NULL);
 }
 
 tp_val em_iota(tp_emit *e, const tp_type *t, int dim) {
@@ -471,7 +474,7 @@ tp_val em_clamp(tp_emit *e, tp_val lo, tp_val x, tp_val hi) {
 
 tp_val em_reduce(tp_emit *e, tp_val x, tp_val init, const int64_t *dims, int ndims, const char *body_op) {
   if (bad(e, x) || bad(e, init)) return -1;
-  const tp_type *s = &e->types[x];
+  const tp_type sv = e->types[x], *s = &sv; /* a copy: new_val may move e->types */
   if (ndims == 0) return x;
   tp_type t = tp_type_make(s->dt, 0, NULL);
   for (int i = 0; i < s->rank; i++) {
@@ -504,12 +507,16 @@ void em_argreduce(tp_emit *e, tp_val x, int dim, int is_max, tp_val *values, tp_
   tp_type it = s;
   it.dt = TP_I64;
   tp_val idx = em_iota(e, &it, dim);
-  double initv = is_max ? -1.0 / 0.0 : 1.0 / 0.0;
-  tp_val init = tp_dtype_is_float(s.dt) ? em_const(e, initv, s.dt)
-                                        : em_const_i(e, is_max ? (s.dt == TP_BOOL ? 0 : tp_dtype_is_unsigned(s.dt) ? 0 : INT64_MIN)
-                                                                : (s.dt == TP_BOOL ? 1 : tp_dtype_is_unsigned(s.dt) ? -1 : INT64_MAX), s.dt);
-  if (tp_dtype_is_int(s.dt) && !tp_dtype_is_unsigned(s.dt) && s.dt != TP_I64) {
-    int64_t lim = s.dt == TP_I8 ? 127 : s.dt == TP_I16 ? 32767 : 2147483647;
+  /* The identity of the reduction: -inf/+inf for floats, the type's limits for ints. */
+  tp_val init;
+  if (tp_dtype_is_float(s.dt)) {
+    init = em_const(e, is_max ? -INFINITY : INFINITY, s.dt);
+  } else if (s.dt == TP_BOOL) {
+    init = em_const_i(e, is_max ? 0 : 1, s.dt);
+  } else if (tp_dtype_is_unsigned(s.dt)) {
+    init = em_const_i(e, is_max ? 0 : -1, s.dt); /* -1 masks to the type's maximum */
+  } else {
+    int64_t lim = s.dt == TP_I8 ? INT8_MAX : s.dt == TP_I16 ? INT16_MAX : s.dt == TP_I32 ? INT32_MAX : INT64_MAX;
     init = em_const_i(e, is_max ? -lim - 1 : lim, s.dt);
   }
   tp_val iinit = em_const_i(e, 0, TP_I64);

@@ -159,22 +159,28 @@ class GraphProgram:
             return
         if not isinstance(n.target, torch._ops.OpOverload):
             raise Unsupported(f"call to {n.target}")
-        name = _qualname(n.target)
+        if _qualname(n.target).startswith("aten::_foreach_"):
+            values[n] = self._add_foreach(n, values)
+            return
+        values[n] = self._add_op(n.target, n.args, n.kwargs, n.meta.get("val"), values)
+
+    def _add_op(self, op, args, kwargs, val, values, by_position=False):
+        """Add one op node; returns its value id (or a tuple of ids).
+        by_position: args fill the schema in order, keyword-only ones too."""
+        name = _qualname(op)
         if not _C.has_lowering(name):
             raise Unsupported(name)
-        schema = n.target._schema.arguments
         vals = []
-        for i, a in enumerate(schema):
-            if i < len(n.args) and not a.kwarg_only:
-                v = n.args[i]
-            elif a.name in n.kwargs:
-                v = n.kwargs[a.name]
+        for i, a in enumerate(op._schema.arguments):
+            if i < len(args) and (by_position or not a.kwarg_only):
+                v = args[i]
+            elif a.name in kwargs:
+                v = kwargs[a.name]
             elif a.has_default_value():
                 v = a.default_value
             else:
                 v = None
             vals.append(self._arg(v, values, str(a.type) in _NUMBER_TYPES))
-        val = n.meta.get("val")
         multi = isinstance(val, (tuple, list))
         outs = list(val) if multi else [val]
         defined = [o for o in outs if o is not None]
@@ -186,7 +192,29 @@ class GraphProgram:
             else:
                 ids.append(first + k)
                 k += 1
-        values[n] = tuple(ids) if multi else ids[0]
+        return tuple(ids) if multi else ids[0]
+
+    def _add_foreach(self, n, values):
+        """_foreach_<op>: one node per list element, with the per-tensor op."""
+        op = n.target
+        base = op._schema.name.split("::")[1][len("_foreach_"):]
+        ovl = op._schema.overload_name or "default"
+        target = _foreach_target(base, ovl)
+        if target is None:
+            raise Unsupported(_qualname(op))
+        schema = op._schema.arguments
+        args = [n.args[i] if i < len(n.args) else n.kwargs.get(a.name, a.default_value if a.has_default_value()
+                                                                   else None)
+                for i, a in enumerate(schema)]
+        lists = [i for i, a in enumerate(schema) if str(a.type).startswith("List[")]
+        length = len(args[lists[0]]) if lists else 0
+        vals = n.meta.get("val")
+        ids = []
+        for k in range(length):
+            elem = [a[k] if i in lists else a for i, a in enumerate(args)]
+            ids.append(self._add_op(target, elem, {}, vals[k] if vals is not None else None, values,
+                                    by_position=True))
+        return tuple(ids)
 
     def _set_outputs(self, n, values):
         prog = []
@@ -214,12 +242,13 @@ class GraphProgram:
                 device = t.device.index
                 break
         dev = torch.device("tpu", device)
-        refs = []
+        refs, keep = [], []  # keep: copies made here must outlive the run
         for t in inputs:
             if not isinstance(t, torch.Tensor):
                 raise RuntimeError(f"torch-pjrt compiled graph got a non-tensor input {type(t).__name__}")
-            if t.device != dev:
+            if t.device != dev:  # e.g. optimizer step counters kept on the CPU
                 t = t.to(dev)
+                keep.append(t)
             refs.append(_ref(t))
         outs = [torch.empty_strided(s, st, dtype=dt, device=dev) for s, st, dt in self.out_specs]
         if outs:
@@ -233,6 +262,40 @@ class GraphProgram:
             else:
                 result.append(None)
         return result
+
+
+# _foreach_<base>.<overload> -> the per-tensor op applied to each element.
+_FOREACH_OVERLOADS = {
+    "List": ("Tensor", "Tensor_Tensor", "default"),
+    "Scalar": ("Tensor", "Tensor_Scalar", "Scalar", "default"),
+    "ScalarList": ("Tensor", "Tensor_Scalar", "Scalar", "default"),
+    "Tensor": ("Tensor", "default"),
+    "ScalarAndTensor": ("Scalar",),
+    "default": ("default",),
+}
+_FOREACH_SPECIAL = {("lerp", "Scalar"): "Scalar", ("lerp", "ScalarList"): "Scalar", ("lerp", "List"): "Tensor",
+                    ("addcdiv", "Scalar"): "default", ("addcdiv", "ScalarList"): "default",
+                    ("addcmul", "Scalar"): "default", ("addcmul", "ScalarList"): "default"}
+_FOREACH_RENAME = {("maximum", "Scalar"): ("clamp_min", "default"), ("maximum", "ScalarList"): ("clamp_min", "default"),
+                   ("minimum", "Scalar"): ("clamp_max", "default"), ("minimum", "ScalarList"): ("clamp_max", "default"),
+                   ("copy", "default"): ("copy", "default")}
+
+
+def _foreach_target(base, ovl):
+    if (base, ovl) in _FOREACH_RENAME:
+        base, want = _FOREACH_RENAME[(base, ovl)]
+        choices = (want,)
+    elif (base, ovl) in _FOREACH_SPECIAL:
+        choices = (_FOREACH_SPECIAL[(base, ovl)],)
+    else:
+        choices = _FOREACH_OVERLOADS.get(ovl, ())
+    packet = getattr(torch.ops.aten, base, None)
+    if packet is None:
+        return None
+    for c in choices:
+        if c in packet.overloads():
+            return getattr(packet, c)
+    return None
 
 
 _warned = set()

@@ -25,7 +25,8 @@ static tp_val un(tp_emit *e, const char *op, tp_val a) { return em_unary(e, op, 
 
 /* ---- binary arithmetic ------------------------------------------------------ */
 
-/* out = a OP (alpha * b); alpha is argument `alpha_i` (or -1). */
+/* out = a OP (alpha * b), or for rsub (reversed) b - alpha * a; alpha is
+ * argument `alpha_i` (or -1). */
 static void arith(tp_emit *e, const tp_node *n, tp_val *o, const char *op, int alpha_i, int reversed) {
   tp_type ct = ctype(n);
   tp_val a = lw_operand(e, n, 0, &ct), b = lw_operand(e, n, 1, &ct);
@@ -34,16 +35,7 @@ static void arith(tp_emit *e, const tp_node *n, tp_val *o, const char *op, int a
     a = b;
     b = t;
   }
-  if (alpha_i >= 0 && !lw_is_none(n, alpha_i)) {
-    tp_val al = lw_operand(e, n, alpha_i, &ct);
-    if (reversed) a = mul(e, a, al);
-    else b = mul(e, b, al);
-    if (reversed) { /* rsub: other - alpha*self */
-      tp_val t = a;
-      a = b;
-      b = t;
-    }
-  }
+  if (alpha_i >= 0 && !lw_is_none(n, alpha_i)) b = mul(e, b, lw_operand(e, n, alpha_i, &ct));
   o[0] = finish(e, n, em_binary(e, op, a, b));
 }
 
@@ -211,6 +203,13 @@ static void r_addcdiv(tp_emit *e, const tp_node *n, tp_val *o) {
   tp_val s = lw_operand(e, n, 0, &ct), t1 = lw_operand(e, n, 1, &ct), t2 = lw_operand(e, n, 2, &ct);
   tp_val v = lw_operand(e, n, 3, &ct);
   o[0] = finish(e, n, add(e, s, mul(e, v, dv(e, t1, t2))));
+}
+
+/* prims::fma(a, b, c) = a * b + c (PyTorch's decompositions of optimizers use it). */
+static void r_fma(tp_emit *e, const tp_node *n, tp_val *o) {
+  tp_type ct = ctype(n);
+  tp_val a = lw_operand(e, n, 0, &ct), b = lw_operand(e, n, 1, &ct), c = lw_operand(e, n, 2, &ct);
+  o[0] = finish(e, n, add(e, mul(e, a, b), c));
 }
 
 /* ---- unary -------------------------------------------------------------------- */
@@ -471,7 +470,27 @@ static void r_fill(tp_emit *e, const tp_node *n, tp_val *o) { o[0] = lw_operand(
 static void r_zero(tp_emit *e, const tp_node *n, tp_val *o) { o[0] = em_full(e, 0, OUT0); }
 static void r_full(tp_emit *e, const tp_node *n, tp_val *o) { o[0] = lw_operand(e, n, 1, OUT0); }
 
+/* Factories (compiled graphs contain them; eager mode fills allocated outputs). */
+static void r_ones(tp_emit *e, const tp_node *n, tp_val *o) { o[0] = em_full(e, 1, OUT0); }
+static void r_scalar_tensor(tp_emit *e, const tp_node *n, tp_val *o) { o[0] = lw_operand(e, n, 0, OUT0); }
+static void r_new_full(tp_emit *e, const tp_node *n, tp_val *o) { o[0] = lw_operand(e, n, 2, OUT0); }
+
 const tp_lower_entry tp_lower_elementwise[] = {
+    {"aten::empty.memory_format", r_zero},
+    {"aten::empty_strided", r_zero},
+    {"aten::empty_permuted", r_zero},
+    {"aten::empty_like", r_zero},
+    {"aten::new_empty", r_zero},
+    {"aten::new_empty_strided", r_zero},
+    {"aten::zeros", r_zero},
+    {"aten::zeros_like", r_zero},
+    {"aten::new_zeros", r_zero},
+    {"aten::ones", r_ones},
+    {"aten::ones_like", r_ones},
+    {"aten::new_ones", r_ones},
+    {"aten::full", r_full},
+    {"aten::new_full", r_new_full},
+    {"aten::scalar_tensor", r_scalar_tensor},
     {"tp::copy", r_copy},
     {"aten::clone", r_copy},
     {"aten::_to_copy", r_copy},
@@ -543,6 +562,7 @@ const tp_lower_entry tp_lower_elementwise[] = {
     {"aten::lerp.Tensor", r_lerp},
     {"aten::addcmul", r_addcmul},
     {"aten::addcdiv", r_addcdiv},
+    {"prims::fma", r_fma},
     {"aten::exp", r_exp},
     {"aten::expm1", r_expm1},
     {"aten::exp2", r_exp2},

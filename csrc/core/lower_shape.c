@@ -1257,6 +1257,19 @@ static void r_arange_out(tp_emit *e, const tp_node *n, tp_val *o) {
   o[0] = em_convert(e, add(e, start, mul(e, i, step)), dt);
 }
 
+/* arange(end) and arange(start, end): the same values as arange.start_out
+ * with the missing start (0) and step (1). */
+static void arange_from(tp_emit *e, const tp_node *n, tp_val *o, int start_i) {
+  tp_dtype dt = OUT0->dt;
+  tp_dtype cdt = tp_dtype_is_float(dt) ? (dt == TP_F16 || dt == TP_BF16 ? TP_F32 : TP_F64) : TP_I64;
+  tp_type ct = lw_out_as(n, 0, cdt);
+  tp_val i = em_iota(e, &ct, 0);
+  if (start_i >= 0) i = add(e, lw_operand(e, n, start_i, &ct), i);
+  o[0] = em_convert(e, i, dt);
+}
+static void r_arange_end(tp_emit *e, const tp_node *n, tp_val *o) { arange_from(e, n, o, -1); }
+static void r_arange_start(tp_emit *e, const tp_node *n, tp_val *o) { arange_from(e, n, o, 0); }
+
 static void r_linspace_out(tp_emit *e, const tp_node *n, tp_val *o) {
   tp_dtype dt = OUT0->dt;
   int64_t steps = OUT0->dims[0];
@@ -1328,6 +1341,9 @@ const tp_lower_entry tp_lower_shape[] = {
     {"aten::select_scatter", r_select_scatter},
     {"aten::as_strided_scatter", r_as_strided_scatter},
     {"aten::arange.start_out", r_arange_out},
+    {"aten::arange.start_step", r_arange_out},
+    {"aten::arange", r_arange_end},
+    {"aten::arange.start", r_arange_start},
     {"aten::linspace.out", r_linspace_out},
     {"aten::eye.out", r_eye_out},
     {"aten::eye.m_out", r_eye_out},

@@ -82,3 +82,31 @@ def test_recompile_warning_names_the_input():
     msgs = [str(x.message) for x in w if "compiled" in str(x.message) and "torch-pjrt" in str(x.message)]
     assert msgs, "no recompile warning"
     assert "x" in msgs[-1] and "->" in msgs[-1]
+
+
+def test_bucket_pads_and_masks():
+    x = torch.arange(5, device="tpu").reshape(1, 5)
+    padded, mask = torch_pjrt.bucket(x, dim=1, sizes=(4, 8, 16))
+    assert padded.shape == (1, 8) and mask.shape == (8,)
+    assert torch.equal(padded.cpu(), torch.tensor([[0, 1, 2, 3, 4, 0, 0, 0]]))
+    assert torch.equal(mask.cpu(), torch.tensor([True] * 5 + [False] * 3))
+    with pytest.raises(ValueError, match="larger than the largest bucket"):
+        torch_pjrt.bucket(x, dim=1, sizes=(2, 4))
+
+
+def test_bucketing_avoids_recompiles():
+    f = torch.compile(lambda t: (t * 2).sum(), backend="tpu", dynamic=False)
+    before = torch_pjrt.compile_counts()
+    for n in (3, 5, 6, 7, 9, 12):
+        padded, _ = torch_pjrt.bucket(torch.ones(n, device="tpu"), sizes=(8, 16))
+        assert f(padded).item() == 2 * n
+    new = {k: v - before.get(k, 0) for k, v in torch_pjrt.compile_counts().items() if v != before.get(k, 0)}
+    assert sum(new.values()) == 2  # one compile per bucket size
+
+
+def test_metrics_report():
+    torch_pjrt.metrics()
+    rep = torch_pjrt.metrics_report()
+    for key in ("compiles", "compile_seconds", "cache_hits", "disk_hits", "executions", "h2d_bytes",
+                "d2h_transfers", "cpu_fallbacks"):
+        assert key in rep

@@ -1,0 +1,89 @@
+"""Models on "tpu", eager and compiled, against CPU from the same seed."""
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples"))
+
+import llama  # noqa: E402
+import mingpt  # noqa: E402
+
+REL = 1e-4  # relative loss difference allowed at every step
+
+
+def _close(a, b):
+    assert len(a) == len(b)
+    for i, (x, y) in enumerate(zip(a, b)):
+        assert abs(x - y) <= REL * abs(y), f"step {i}: {x} vs {y}"
+
+
+def test_llama_eager_and_compiled_match_cpu():
+    cpu = llama.train("cpu", 10)
+    _close(llama.train("tpu", 10), cpu)
+    _close(llama.train("tpu", 10, compile=True), cpu)
+    assert cpu[-1] < cpu[0] + 0.5  # sane values
+
+
+def test_llama_forward_compiled_matches_cpu():
+    cfg = llama.LlamaConfig()
+    torch.manual_seed(0)
+    m = llama.Llama(cfg)
+    idx = torch.randint(0, cfg.vocab_size, (2, cfg.max_seq_len))
+    ref, _ = m(idx)
+    cm = torch.compile(m.to("tpu"), backend="tpu")
+    with torch.no_grad():
+        out, _ = cm(idx.to("tpu"))
+    torch.testing.assert_close(out.cpu(), ref.detach(), rtol=1e-4, atol=1e-5)
+
+
+def test_mingpt_compiled_matches_cpu():
+    cfg = mingpt.GPTConfig()
+    data, vocab = mingpt.dataset(cfg.block_size)
+    cfg.vocab_size = vocab
+
+    def run(device, compile):
+        torch.manual_seed(0)
+        m = mingpt.GPT(cfg).to(device)
+        opt = torch.optim.AdamW(m.parameters(), lr=3e-3)
+        fwd = torch.compile(m, backend="tpu") if compile else m
+        gen = torch.Generator().manual_seed(0)
+        losses = []
+        for _ in range(10):
+            x, y = mingpt.get_batch(data, cfg.block_size, 8, gen)
+            _, loss = fwd(x.to(device), y.to(device))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        return losses
+
+    _close(run("tpu", True), run("cpu", False))
+
+
+def test_whole_training_step_compiled():
+    """forward, backward and the AdamW step in one torch.compile'd function."""
+    cfg = mingpt.GPTConfig()
+
+    def run(device, compile_step):
+        torch.manual_seed(0)
+        m = mingpt.GPT(cfg).to(device)
+        opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
+
+        def step(x, y):
+            _, loss = m(x, y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            return loss
+
+        if compile_step:
+            step = torch.compile(step, backend="tpu")
+        g = torch.Generator().manual_seed(0)
+        out = []
+        for _ in range(4):
+            d = torch.randint(0, cfg.vocab_size, (4, cfg.block_size + 1), generator=g)
+            out.append(step(d[:, :-1].to(device), d[:, 1:].to(device)).item())
+        return out
+
+    _close(run("tpu", True), run("cpu", False))

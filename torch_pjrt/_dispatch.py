@@ -73,7 +73,11 @@ _HOST_OPS = {
 
 
 def _ref(t):
-    return ("T", t.untyped_storage().data_ptr(), CODE[t.dtype], t.shape, t.stride(), t.storage_offset())
+    off = t.storage_offset()
+    # data_ptr() is the storage's handle plus the offset (and NULL for empty
+    # tensors, where we ask the storage itself).
+    ptr = t.data_ptr() - off * t.element_size() if t.numel() else t.untyped_storage().data_ptr()
+    return ("T", ptr, CODE[t.dtype], t.shape, t.stride(), off)
 
 
 def _is_tpu(t):
@@ -95,6 +99,8 @@ _MUTATES = {"aten::native_batch_norm": (3, 4)}
 
 # Ops whose output shape (or whose errors) depend on the value of a Python number.
 _SHAPE_FROM_VALUES = {"arange", "linspace", "logspace", "range", "pow", "full"}
+
+_WRAPPED_DTYPES = (torch.float64, torch.int64, torch.bool, torch.complex128)
 
 _NUMBER_TYPES = ("Tensor", "Optional[Tensor]", "number", "Optional[number]", "Scalar", "Optional[Scalar]")
 
@@ -204,6 +210,7 @@ class _Handler:
         elif _C.has_lowering(self.name):
             self.lowering = self.name
         self.all_args = self.args_schema
+        self.defaults = [a.default_value if a.has_default_value() else None for a in self.args_schema]
         names = [a.name for a in self.functional_args]
         self.functional_idx = [i for i, a in enumerate(self.args_schema) if a.name in names and not a.is_out]
         self.out_idx = [i for i, a in enumerate(self.args_schema) if a.is_out]
@@ -239,6 +246,9 @@ class _Handler:
         return None, in_args
 
     def _values(self, args, kwargs, schema_args):
+        if not kwargs and schema_args is self.args_schema:
+            # Positional arguments never fill keyword-only slots.
+            return list(args) + self.defaults[len(args):]
         vals = []
         for i, a in enumerate(schema_args):
             if i < len(args) and not a.kwarg_only:
@@ -255,38 +265,51 @@ class _Handler:
         """Encode argument values for the C core, and build the meta-cache key:
         everything PyTorch's meta function looks at (shapes, strides, dtypes;
         Python numbers by type, except for ops whose output shape depends on
-        a number's value)."""
+        a number's value).  This is the eager hot path: keep it lean."""
         device = None
-        for v in vals:
-            if type(v) is torch.Tensor or isinstance(v, torch.Tensor):
-                if v.device.type == "tpu":
-                    device = v.device.index
-                    break
-            elif isinstance(v, (list, tuple)):
-                for x in v:
-                    if isinstance(x, torch.Tensor) and x.device.type == "tpu":
-                        device = x.device.index
-                        break
-                if device is not None:
-                    break
-        if device is None:
-            device = 0
         enc = []
         key = []
         by_value = self.numbers_by_value
         for v, num in zip(vals, self.number_is_scalar):
-            e = _encode(v, device, num)
-            enc.append(e)
             if isinstance(v, torch.Tensor):
-                key.append((v.shape, v.stride(), v.dtype, v.device.type))
-            elif num and not by_value and isinstance(v, (bool, int, float, complex)):
-                key.append(type(v))
+                shape, stride, dt = v.shape, v.stride(), v.dtype
+                if v.is_cpu:
+                    if v.dim() != 0:
+                        raise RuntimeError(
+                            f"Expected all tensors to be on the same device, but found at least two devices, "
+                            f"tpu:{device or 0} and cpu!")
+                    # A Python number wrapped by the arg parser, or a CPU
+                    # scalar tensor (which PyTorch allows next to device tensors).
+                    enc.append(("S", CODE[dt], v.item(), dt in _WRAPPED_DTYPES))
+                    key.append((shape, dt, 0))
+                    continue
+                idx = v.device.index
+                if device is None:
+                    device = idx
+                elif idx != device:
+                    raise RuntimeError(
+                        f"Expected all tensors to be on the same device, but found at least two devices, "
+                        f"tpu:{device} and {v.device}!")
+                off = v.storage_offset()
+                ptr = v.data_ptr() - off * v.element_size() if v.numel() else v.untyped_storage().data_ptr()
+                enc.append(("T", ptr, CODE[dt], shape, stride, off))
+                key.append((shape, stride, dt))
+            elif num and type(v) in (int, float, bool, complex):
+                enc.append(("S", _scalar_code(v), v, True))
+                key.append(v if by_value else type(v))
             elif isinstance(v, (list, tuple)):
-                key.append(tuple((x.shape, x.stride(), x.dtype, x.device.type) if isinstance(x, torch.Tensor) else x
+                if device is None:
+                    for x in v:
+                        if isinstance(x, torch.Tensor) and not x.is_cpu:
+                            device = x.device.index
+                            break
+                enc.append(_encode(v, device if device is not None else 0))
+                key.append(tuple((x.shape, x.stride(), x.dtype, x.is_cpu) if isinstance(x, torch.Tensor) else x
                                  for x in v))
             else:
+                enc.append(_encode(v, 0))
                 key.append(v)
-        return device, tuple(enc), tuple(key)
+        return (device if device is not None else 0), enc, tuple(key)
 
     def _meta(self, args, kwargs):
         try:
@@ -593,10 +616,54 @@ def install():
     lib.fallback(_fallback, "PrivateUse1")
     _fallback_lib = lib
     impl = torch.library.Library("aten", "IMPL")
-    for name in _DIRECT:
-        packet = getattr(torch.ops.aten, name)
-        for ovl in packet.overloads():
-            op = getattr(packet, ovl)
-            if _C.has_lowering(_qualname(op)):
-                impl.impl(op, functools.partial(_fallback, op), "PrivateUse1")
+    for op in _direct_ops():
+        impl.impl(op, functools.partial(_fallback, op), "PrivateUse1")
     _impl_lib = impl
+
+
+def _direct_ops():
+    """Ops to register as PrivateUse1 kernels that go straight to the
+    fallback.  Without a kernel, a structured op's functional and in-place
+    forms run PyTorch's generic wrapper, which allocates an empty output and
+    calls the out= form: an extra dispatch and a resize per op.  Views,
+    factories, ops PyTorch decomposes (CompositeImplicitAutograd) and ops the
+    C++ glue implements are left alone."""
+    ops = []
+
+    def has(q, key):
+        try:
+            return torch._C._dispatch_has_kernel_for_dispatch_key(q, key)
+        except RuntimeError:
+            return True  # not a registered overload: leave it alone
+
+    for name in _C.lowering_names():
+        if not name.startswith("aten::"):
+            continue
+        base, _, ovl = name[len("aten::"):].partition(".")
+        packet = getattr(torch.ops.aten, base, None)
+        variants = [(base, ovl or "default")]
+        if not base.endswith("_"):
+            variants.append((base + "_", ovl or "default"))
+        if base in _DIRECT:
+            variants += [(base, o) for o in (packet.overloads() if packet else [])]
+        for b, o in variants:
+            pk = getattr(torch.ops.aten, b, None)
+            if pk is None or o not in pk.overloads():
+                continue
+            op = getattr(pk, o)
+            q = _qualname(op)
+            sch = op._schema
+            if has(q, "CompositeImplicitAutograd") or has(q, "PrivateUse1") or q in _NOT_DIRECT:
+                continue
+            if not any(str(a.type).startswith(("Tensor", "List[Tensor", "Optional[Tensor")) for a in sch.arguments):
+                continue  # factories
+            if any(r.alias_info is not None and not r.alias_info.is_write for r in sch.returns):
+                continue  # views
+            if op not in ops:
+                ops.append(op)
+    return ops
+
+
+# Ops whose generic implementation must keep running (device transfers).
+_NOT_DIRECT = {"aten::_to_copy", "aten::copy_", "aten::clone", "aten::lift_fresh_copy", "aten::detach",
+               "aten::alias"}

@@ -938,13 +938,32 @@ tp_status *tp_eager_run(const char *op, const tp_eager_arg *args, int nargs, con
                         const tp_tensor_ref *outs, int nouts) {
   tp_plugin *p = tp_runtime_plugin();
   if (!p) return tp_error(TP_FAILED_PRECONDITION, "the tpu runtime is not initialised (import torch_pjrt first)");
-  tp_lower_ctx *c = calloc(1, sizeof(tp_lower_ctx));
-  if (!c) return tp_error(TP_RESOURCE_EXHAUSTED, "out of host memory");
+  /* The context is large (per-storage tables): reuse one under the lock
+   * instead of zeroing a fresh one per op; a nested run gets its own. */
+  static tp_lower_ctx g_ctx;
+  static int g_ctx_busy;
   tp_storage_lock();
+  tp_lower_ctx *c = &g_ctx;
+  if (g_ctx_busy) {
+    c = calloc(1, sizeof(tp_lower_ctx));
+    if (!c) {
+      tp_storage_unlock();
+      return tp_error(TP_RESOURCE_EXHAUSTED, "out of host memory");
+    }
+  } else {
+    g_ctx_busy = 1;
+  }
+  c->nst = 0;
+  c->nparams = 0; /* keeps its params array for reuse */
+  c->rng_used = 0;
   tp_status *st = run_locked(p, c, op, args, nargs, out_types, outs, nouts);
+  if (c == &g_ctx) {
+    g_ctx_busy = 0;
+  } else {
+    free(c->params);
+    free(c);
+  }
   tp_storage_unlock();
-  free(c->params);
-  free(c);
   return st;
 }
 

@@ -122,20 +122,22 @@ def get_batch(data, block_size, batch_size, generator):
     return x, y
 
 
-def train(device, steps, cfg=None, batch_size=16, lr=3e-3, seed=1337, log=None):
-    """Train from a fixed seed on `device`; returns the list of losses."""
+def train(device, steps, cfg=None, batch_size=16, lr=3e-3, seed=1337, log=None, compile=False):
+    """Train from a fixed seed on `device`; returns the list of losses.
+    compile=True runs the model through torch.compile(backend="tpu")."""
     cfg = cfg or GPTConfig()
     data, vocab = dataset(cfg.block_size)
     cfg.vocab_size = vocab
     torch.manual_seed(seed)
     model = GPT(cfg).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.1)
+    fwd = torch.compile(model, backend="tpu") if compile else model
     gen = torch.Generator().manual_seed(seed)
     losses = []
     for step in range(steps):
         x, y = get_batch(data, cfg.block_size, batch_size, gen)
         x, y = x.to(device), y.to(device)
-        _, loss = model(x, y)
+        _, loss = fwd(x, y)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

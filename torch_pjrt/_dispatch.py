@@ -205,7 +205,11 @@ class _Handler:
                 ns, rest = self.name.split("::")
                 fname, _, ovl = rest.partition(".")
                 cand = f"{ns}::{fname[:-1]}" + (f".{ovl}" if ovl else "")
-                if _C.has_lowering(cand):
+                fpacket = getattr(getattr(torch.ops, ns), fname[:-1], None)
+                fop = getattr(fpacket, ovl or "default", None) if fpacket is not None else None
+                # transpose_ and friends change metadata, not data: never
+                # borrow the rule of a view op.
+                if _C.has_lowering(cand) and not (fop is not None and _is_view(fop)):
                     self.lowering = cand
         elif _C.has_lowering(self.name):
             self.lowering = self.name
@@ -641,6 +645,10 @@ def _direct_ops():
             continue
         base, _, ovl = name[len("aten::"):].partition(".")
         packet = getattr(torch.ops.aten, base, None)
+        if packet is None or (ovl or "default") not in packet.overloads():
+            continue
+        if _is_view(getattr(packet, ovl or "default")):
+            continue  # views (and their in-place forms, like transpose_) are metadata
         variants = [(base, ovl or "default")]
         if not base.endswith("_"):
             variants.append((base + "_", ovl or "default"))
@@ -657,13 +665,18 @@ def _direct_ops():
                 continue
             if not any(str(a.type).startswith(("Tensor", "List[Tensor", "Optional[Tensor")) for a in sch.arguments):
                 continue  # factories
-            if any(r.alias_info is not None and not r.alias_info.is_write for r in sch.returns):
-                continue  # views
+            if _is_view(op):
+                continue
             if op not in ops:
                 ops.append(op)
     return ops
 
 
+def _is_view(op):
+    return any(r.alias_info is not None and not r.alias_info.is_write for r in op._schema.returns)
+
+
 # Ops whose generic implementation must keep running (device transfers).
+# _unsafe_view is a view without the schema's alias mark.
 _NOT_DIRECT = {"aten::_to_copy", "aten::copy_", "aten::clone", "aten::lift_fresh_copy", "aten::detach",
-               "aten::alias"}
+               "aten::alias", "aten::_unsafe_view", "aten::_reshape_alias"}

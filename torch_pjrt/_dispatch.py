@@ -218,6 +218,7 @@ class _Handler:
         names = [a.name for a in self.functional_args]
         self.functional_idx = [i for i, a in enumerate(self.args_schema) if a.name in names and not a.is_out]
         self.out_idx = [i for i, a in enumerate(self.args_schema) if a.is_out]
+        self.all_functional = self.functional_idx == list(range(len(self.args_schema)))
         self.number_is_scalar = [str(a.type) in _NUMBER_TYPES for a in self.args_schema]
         self.numbers_by_value = self.name.split("::")[1].split(".")[0] in _SHAPE_FROM_VALUES
         self.meta_cache = {}
@@ -396,7 +397,7 @@ class _Handler:
                 self.meta_cache.clear()
             self.meta_cache[key] = spec
         multi, specs = spec
-        enc = tuple(enc_all[i] for i in self.functional_idx)
+        enc = tuple(enc_all) if self.all_functional else tuple(enc_all[i] for i in self.functional_idx)
         if self.is_out:
             outs = [vals[i] for i in self.out_idx]
             for o, m in zip(outs, specs):
@@ -408,7 +409,7 @@ class _Handler:
             self_t = vals[0]
             _C.run(self.lowering, enc, None, (_ref(self_t),))
             return self_t
-        dev = torch.device("tpu", device)
+        dev = _DEVICES.get(device) or _DEVICES.setdefault(device, torch.device("tpu", device))
         outs = [None if m is None else torch.empty_strided(m[0], m[1], dtype=m[2], device=dev) for m in specs]
         # Backward ops with an output_mask leave some outputs undefined (None):
         # the rule receives only the defined ones, in order.
@@ -421,6 +422,7 @@ class _Handler:
 
 
 _handlers = {}
+_DEVICES = {}  # index -> torch.device("tpu", index)
 
 
 def _handler(op):

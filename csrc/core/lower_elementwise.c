@@ -2,8 +2,22 @@
  * activations and their backward formulas, copies and fills.
  *
  * Convention: the output dtype comes from PyTorch's meta function
- * (n->outs); arithmetic runs in lw_opmath(out dtype) (f32 for f16/bf16,
- * as PyTorch's CPU kernels do) and is rounded once at the end. */
+ * (n->outs).  Binary arithmetic computes in PyTorch's common dtype of its
+ * inputs (lw_result_type; it differs from the output's for out= and in-place
+ * forms), unary ops in the output's; f16/bf16 compute in f32 (lw_opmath, as
+ * PyTorch's CPU kernels do) and round once at the end.
+ *
+ * XLA facts the rules below work around (all checked by
+ * tests/test_ops_elementwise.py):
+ *  - stablehlo.maximum/minimum on XLA:CPU do not propagate NaN from their
+ *    second operand; PyTorch's maximum/minimum/clamp do (fmaxmin).
+ *  - XLA rewrites convert(bool) * x into select(bool, x, 0), losing
+ *    0 * inf = NaN; bool tensors reach float arithmetic through u8 (opnd).
+ *  - float -> int converts saturate (NaN -> 0) in XLA; PyTorch's CPU casts
+ *    wrap through int64 for uint8 and give INT_MIN for NaN/inf/out of range
+ *    (float_to_int).
+ *  - integer power: XLA's looks at 6 exponent bits and returns 0 for
+ *    negative exponents; PyTorch squares through every bit (int_pow). */
 #include <math.h>
 #include <string.h>
 
@@ -11,8 +25,32 @@
 
 #define OUT0 (&n->outs[0])
 
-/* Compute type: the output's shape in its opmath dtype. */
-static tp_type ctype(const tp_node *n) { return lw_out_as(n, 0, lw_opmath(n->outs[0].dt)); }
+static int isf(tp_dtype d) { return tp_dtype_is_float(d); }
+static int isc(tp_dtype d) { return tp_dtype_is_complex(d); }
+
+/* PyTorch's ScalarType names, for error messages like PyTorch's. */
+static const char *tname(tp_dtype d) {
+  switch (d) {
+    case TP_U8: return "Byte";
+    case TP_I8: return "Char";
+    case TP_I16: return "Short";
+    case TP_I32: return "Int";
+    case TP_I64: return "Long";
+    case TP_F16: return "Half";
+    case TP_F32: return "Float";
+    case TP_F64: return "Double";
+    case TP_BOOL: return "Bool";
+    case TP_BF16: return "BFloat16";
+    case TP_C64: return "ComplexFloat";
+    case TP_C128: return "ComplexDouble";
+    default: return tp_dtype_name(d);
+  }
+}
+
+/* Fail like PyTorch's dispatch macros: "<kernel>" not implemented for 'Bool'. */
+static tp_val not_for(tp_emit *e, const char *what, tp_dtype d) {
+  return em_fail(e, TP_UNIMPLEMENTED, "\"%s\" not implemented for '%s'", what, tname(d));
+}
 
 static tp_val finish(tp_emit *e, const tp_node *n, tp_val v) { return em_convert(e, v, n->outs[0].dt); }
 
@@ -22,14 +60,50 @@ static tp_val sub(tp_emit *e, tp_val a, tp_val b) { return em_binary(e, "stableh
 static tp_val mul(tp_emit *e, tp_val a, tp_val b) { return em_binary(e, "stablehlo.multiply", a, b); }
 static tp_val dv(tp_emit *e, tp_val a, tp_val b) { return em_binary(e, "stablehlo.divide", a, b); }
 static tp_val un(tp_emit *e, const char *op, tp_val a) { return em_unary(e, op, a); }
+static tp_val isnan_(tp_emit *e, tp_val x) { return em_compare(e, "NE", x, x); }
+
+/* Argument i converted to t's dtype and broadcast to its shape.  A bool
+ * tensor headed for float arithmetic goes through u8 first: XLA simplifies
+ * convert(pred) * x to select(pred, x, 0), which is wrong for x = inf/NaN. */
+static tp_val opnd(tp_emit *e, const tp_node *n, int i, const tp_type *t) {
+  const tp_arg *a = lw_arg(n, i);
+  if (a->kind == TP_ARG_TENSOR && em_type(e, a->v)->dt == TP_BOOL && (isf(t->dt) || isc(t->dt))) {
+    tp_val v = em_convert(e, em_convert(e, a->v, TP_U8), t->dt);
+    return em_bcast_to(e, v, t->rank, t->dims);
+  }
+  return lw_operand(e, n, i, t);
+}
+
+/* Compute type of a unary op: the output's shape in its opmath dtype. */
+static tp_type ctype(const tp_node *n) { return lw_out_as(n, 0, lw_opmath(n->outs[0].dt)); }
+
+/* Compute type of an op over arguments 0..nin-1: PyTorch's common dtype of
+ * the inputs (integers promoted to the default float when `to_float`), in
+ * its opmath dtype, with the output's shape. */
+static tp_type common_type(tp_emit *e, const tp_node *n, int nin, int to_float) {
+  int idx[4] = {0, 1, 2, 3};
+  tp_dtype dt = lw_result_type(e, n, idx, nin);
+  if (to_float && !isf(dt) && !isc(dt)) dt = TP_F32;
+  return lw_out_as(n, 0, lw_opmath(dt));
+}
+
+/* NaN-propagating maximum (is_max) or minimum, like PyTorch's. */
+static tp_val fmaxmin(tp_emit *e, tp_val a, tp_val b, int is_max) {
+  tp_val r = em_binary(e, is_max ? "stablehlo.maximum" : "stablehlo.minimum", a, b);
+  if (!isf(em_type(e, r)->dt)) return r;
+  r = em_select(e, isnan_(e, b), b, r);
+  return em_select(e, isnan_(e, a), a, r);
+}
 
 /* ---- binary arithmetic ------------------------------------------------------ */
+
+static int is_bool_arg(tp_emit *e, const tp_node *n, int i) { return lw_dtype(e, n, i) == TP_BOOL; }
 
 /* out = a OP (alpha * b), or for rsub (reversed) b - alpha * a; alpha is
  * argument `alpha_i` (or -1). */
 static void arith(tp_emit *e, const tp_node *n, tp_val *o, const char *op, int alpha_i, int reversed) {
-  tp_type ct = ctype(n);
-  tp_val a = lw_operand(e, n, 0, &ct), b = lw_operand(e, n, 1, &ct);
+  tp_type ct = common_type(e, n, 2, 0);
+  tp_val a = opnd(e, n, 0, &ct), b = opnd(e, n, 1, &ct);
   if (reversed) {
     tp_val t = a;
     a = b;
@@ -40,28 +114,107 @@ static void arith(tp_emit *e, const tp_node *n, tp_val *o, const char *op, int a
 }
 
 static void r_add(tp_emit *e, const tp_node *n, tp_val *o) { arith(e, n, o, "stablehlo.add", 2, 0); }
-static void r_sub(tp_emit *e, const tp_node *n, tp_val *o) { arith(e, n, o, "stablehlo.subtract", 2, 0); }
-static void r_rsub(tp_emit *e, const tp_node *n, tp_val *o) { arith(e, n, o, "stablehlo.subtract", 2, 1); }
-static void r_mul(tp_emit *e, const tp_node *n, tp_val *o) { arith(e, n, o, "stablehlo.multiply", -1, 0); }
-static void r_maximum(tp_emit *e, const tp_node *n, tp_val *o) { arith(e, n, o, "stablehlo.maximum", -1, 0); }
-static void r_minimum(tp_emit *e, const tp_node *n, tp_val *o) { arith(e, n, o, "stablehlo.minimum", -1, 0); }
-static void r_atan2(tp_emit *e, const tp_node *n, tp_val *o) { arith(e, n, o, "stablehlo.atan2", -1, 0); }
+static void r_sub(tp_emit *e, const tp_node *n, tp_val *o) {
+  if (is_bool_arg(e, n, 0) || is_bool_arg(e, n, 1)) {
+    o[0] = em_fail(e, TP_INVALID_ARGUMENT,
+                   "Subtraction, the `-` operator, with a bool tensor is not supported. If you are trying to "
+                   "invert a mask, use the `~` or `logical_not()` operator instead.");
+    return;
+  }
+  arith(e, n, o, "stablehlo.subtract", 2, 0);
+}
+/* rsub(self, other, alpha) = other - alpha * self */
+static void r_rsub(tp_emit *e, const tp_node *n, tp_val *o) {
+  if (is_bool_arg(e, n, 0) || is_bool_arg(e, n, 1)) {
+    r_sub(e, n, o);
+    return;
+  }
+  arith(e, n, o, "stablehlo.subtract", 2, 1);
+}
+static void r_mul(tp_emit *e, const tp_node *n, tp_val *o) {
+  /* bool * bool is logical and (stablehlo.multiply on i1 is too). */
+  arith(e, n, o, "stablehlo.multiply", -1, 0);
+}
+static void minmax(tp_emit *e, const tp_node *n, tp_val *o, int is_max) {
+  tp_type ct = common_type(e, n, 2, 0);
+  o[0] = finish(e, n, fmaxmin(e, opnd(e, n, 0, &ct), opnd(e, n, 1, &ct), is_max));
+}
+static void r_maximum(tp_emit *e, const tp_node *n, tp_val *o) { minmax(e, n, o, 1); }
+static void r_minimum(tp_emit *e, const tp_node *n, tp_val *o) { minmax(e, n, o, 0); }
+static void r_atan2(tp_emit *e, const tp_node *n, tp_val *o) {
+  tp_type ct = common_type(e, n, 2, 1);
+  o[0] = finish(e, n, em_binary(e, "stablehlo.atan2", opnd(e, n, 0, &ct), opnd(e, n, 1, &ct)));
+}
+/* fmod: C's fmod (truncated remainder) for floats and ints alike.  Integer
+ * division by zero raises in PyTorch; XLA returns the dividend. */
 static void r_fmod(tp_emit *e, const tp_node *n, tp_val *o) { arith(e, n, o, "stablehlo.remainder", -1, 0); }
-static void r_band(tp_emit *e, const tp_node *n, tp_val *o) { arith(e, n, o, "stablehlo.and", -1, 0); }
-static void r_bor(tp_emit *e, const tp_node *n, tp_val *o) { arith(e, n, o, "stablehlo.or", -1, 0); }
-static void r_bxor(tp_emit *e, const tp_node *n, tp_val *o) { arith(e, n, o, "stablehlo.xor", -1, 0); }
+static void bitwise(tp_emit *e, const tp_node *n, tp_val *o, const char *op, const char *name) {
+  tp_type ct = common_type(e, n, 2, 0);
+  if (isf(ct.dt) || isc(ct.dt)) {
+    o[0] = not_for(e, name, ct.dt);
+    return;
+  }
+  o[0] = finish(e, n, em_binary(e, op, opnd(e, n, 0, &ct), opnd(e, n, 1, &ct)));
+}
+static void r_band(tp_emit *e, const tp_node *n, tp_val *o) { bitwise(e, n, o, "stablehlo.and", "bitwise_and_cpu"); }
+static void r_bor(tp_emit *e, const tp_node *n, tp_val *o) { bitwise(e, n, o, "stablehlo.or", "bitwise_or_cpu"); }
+static void r_bxor(tp_emit *e, const tp_node *n, tp_val *o) { bitwise(e, n, o, "stablehlo.xor", "bitwise_xor_cpu"); }
 
-static void r_pow(tp_emit *e, const tp_node *n, tp_val *o) {
-  tp_type ct = ctype(n);
-  tp_val a = lw_operand(e, n, 0, &ct), b = lw_operand(e, n, 1, &ct);
-  o[0] = finish(e, n, em_binary(e, "stablehlo.power", a, b));
+/* a ** b for integers, as PyTorch's powi: square-and-multiply over every bit
+ * of b (wrapping like C); for signed b < 0: 1 if a == 1, +-1 if a == -1, else 0. */
+static tp_val int_pow(tp_emit *e, tp_val a, tp_val b) {
+  tp_dtype dt = em_type(e, a)->dt;
+  int bits = (int)tp_dtype_size(dt) * 8;
+  tp_val one = k(e, a, 1), zero = k(e, a, 0);
+  tp_val acc = one, base = a, x = b;
+  for (int i = 0; i < bits; i++) {
+    tp_val odd = em_compare(e, "NE", em_binary(e, "stablehlo.and", x, one), zero);
+    acc = em_select(e, odd, mul(e, acc, base), acc);
+    if (i + 1 < bits) {
+      base = mul(e, base, base);
+      x = em_binary(e, "stablehlo.shift_right_logical", x, one);
+    }
+  }
+  if (tp_dtype_is_unsigned(dt)) return acc;
+  tp_val m1 = k(e, a, -1);
+  tp_val odd = em_compare(e, "NE", em_binary(e, "stablehlo.and", b, one), zero);
+  tp_val neg_res = em_select(e, em_compare(e, "EQ", a, one), one,
+                             em_select(e, em_compare(e, "EQ", a, m1), em_select(e, odd, m1, one), zero));
+  return em_select(e, em_compare(e, "LT", b, zero), neg_res, acc);
 }
 
-/* Python-style floor division of a by b in compute type. */
+static void r_pow(tp_emit *e, const tp_node *n, tp_val *o) {
+  tp_type ct = common_type(e, n, 2, 0);
+  tp_val a = opnd(e, n, 0, &ct), b = opnd(e, n, 1, &ct);
+  if (ct.dt == TP_BOOL) {
+    /* PyTorch's pow(Tensor, Scalar) answers exponents 0 (ones) and 1 (self)
+     * before its kernel, which refuses bool; x ** 0 = 1 and x ** 1 = x are
+     * what this computes. */
+    if (strcmp(n->op, "aten::pow.Tensor_Scalar")) o[0] = not_for(e, "pow", ct.dt);
+    else o[0] = finish(e, n, em_select(e, b, a, k(e, a, 1)));
+    return;
+  }
+  if (tp_dtype_is_int(ct.dt)) {
+    o[0] = finish(e, n, int_pow(e, a, b));
+    return;
+  }
+  tp_val p = em_binary(e, "stablehlo.power", a, b);
+  /* PyTorch's pow(Tensor, Scalar) runs sqrt / rsqrt for exponents 0.5 / -0.5
+   * (float, double and bfloat16, not half), which differ from pow at -0 and -inf. */
+  tp_dtype cdt = lw_result_type(e, n, (const int[]){0, 1}, 2);
+  if (!strcmp(n->op, "aten::pow.Tensor_Scalar") && (cdt == TP_F32 || cdt == TP_F64 || cdt == TP_BF16)) {
+    p = em_select(e, em_compare(e, "EQ", b, k(e, b, 0.5)), un(e, "stablehlo.sqrt", a), p);
+    p = em_select(e, em_compare(e, "EQ", b, k(e, b, -0.5)), un(e, "stablehlo.rsqrt", a), p);
+  }
+  o[0] = finish(e, n, p);
+}
+
+/* Python-style floor division of a by b. Integer division by zero raises in
+ * PyTorch; XLA gives -1. */
 static tp_val floor_div(tp_emit *e, tp_val a, tp_val b) {
   tp_dtype dt = em_type(e, a)->dt;
   tp_val zero = k(e, a, 0);
-  if (!tp_dtype_is_float(dt)) {
+  if (!isf(dt)) {
     tp_val q = dv(e, a, b), r = em_binary(e, "stablehlo.remainder", a, b);
     tp_val adjust = em_binary(e, "stablehlo.and", em_compare(e, "NE", r, zero),
                               em_compare(e, "NE", em_compare(e, "LT", r, zero), em_compare(e, "LT", b, zero)));
@@ -77,27 +230,24 @@ static tp_val floor_div(tp_emit *e, tp_val a, tp_val b) {
   tp_val up = em_compare(e, "GT", sub(e, d, fl), k(e, a, 0.5));
   fl = em_select(e, up, add(e, fl, k(e, a, 1)), fl);
   tp_val q = dv(e, a, b);
-  /* zero result keeps the sign of a/b */
-  tp_val signed0 = mul(e, zero, q);
-  tp_val res = em_select(e, em_compare(e, "NE", d, zero), fl, em_binary(e, "stablehlo.add", signed0, zero));
-  res = em_select(e, em_compare(e, "NE", d, zero), fl, un(e, "stablehlo.sign", q));
-  res = em_select(e, em_compare(e, "EQ", d, zero), mul(e, zero, un(e, "stablehlo.sign", q)), fl);
+  /* a zero quotient keeps the sign of a / b */
+  tp_val res = em_select(e, em_compare(e, "EQ", d, zero), mul(e, zero, un(e, "stablehlo.sign", q)), fl);
   return em_select(e, em_compare(e, "EQ", b, zero), q, res);
 }
 
 static void r_div(tp_emit *e, const tp_node *n, tp_val *o) {
   const char *mode = lw_str(n, 2, NULL);
-  tp_type ct = ctype(n);
   if (!mode) {
-    tp_val a = lw_operand(e, n, 0, &ct), b = lw_operand(e, n, 1, &ct);
-    o[0] = finish(e, n, dv(e, a, b));
+    tp_type ct = common_type(e, n, 2, 1);
+    o[0] = finish(e, n, dv(e, opnd(e, n, 0, &ct), opnd(e, n, 1, &ct)));
     return;
   }
   /* rounding modes compute in the promoted input type (= output type). */
-  tp_val a = lw_operand(e, n, 0, &ct), b = lw_operand(e, n, 1, &ct);
+  tp_type ct = common_type(e, n, 2, 0);
+  tp_val a = opnd(e, n, 0, &ct), b = opnd(e, n, 1, &ct);
   if (!strcmp(mode, "trunc")) {
     tp_val q = dv(e, a, b);
-    if (tp_dtype_is_float(ct.dt)) {
+    if (isf(ct.dt)) {
       tp_val neg = em_compare(e, "LT", q, k(e, q, 0));
       q = em_select(e, neg, un(e, "stablehlo.ceil", q), un(e, "stablehlo.floor", q));
     }
@@ -111,13 +261,14 @@ static void r_div(tp_emit *e, const tp_node *n, tp_val *o) {
 }
 
 static void r_floor_divide(tp_emit *e, const tp_node *n, tp_val *o) {
-  tp_type ct = ctype(n);
-  o[0] = finish(e, n, floor_div(e, lw_operand(e, n, 0, &ct), lw_operand(e, n, 1, &ct)));
+  tp_type ct = common_type(e, n, 2, 0);
+  o[0] = finish(e, n, floor_div(e, opnd(e, n, 0, &ct), opnd(e, n, 1, &ct)));
 }
 
+/* Python's modulo: the result takes the divisor's sign. */
 static void r_remainder(tp_emit *e, const tp_node *n, tp_val *o) {
-  tp_type ct = ctype(n);
-  tp_val a = lw_operand(e, n, 0, &ct), b = lw_operand(e, n, 1, &ct);
+  tp_type ct = common_type(e, n, 2, 0);
+  tp_val a = opnd(e, n, 0, &ct), b = opnd(e, n, 1, &ct);
   tp_val m = em_binary(e, "stablehlo.remainder", a, b), zero = k(e, a, 0);
   tp_val fix = em_binary(e, "stablehlo.and", em_compare(e, "NE", m, zero),
                          em_compare(e, "NE", em_compare(e, "LT", m, zero), em_compare(e, "LT", b, zero)));
@@ -129,7 +280,7 @@ static void r_remainder(tp_emit *e, const tp_node *n, tp_val *o) {
 static void cmp(tp_emit *e, const tp_node *n, tp_val *o, const char *dir) {
   int idx[2] = {0, 1};
   tp_type ct = lw_out_as(n, 0, lw_result_type(e, n, idx, 2));
-  tp_val a = lw_operand(e, n, 0, &ct), b = lw_operand(e, n, 1, &ct);
+  tp_val a = opnd(e, n, 0, &ct), b = opnd(e, n, 1, &ct);
   o[0] = finish(e, n, em_compare(e, dir, a, b));
 }
 static void r_eq(tp_emit *e, const tp_node *n, tp_val *o) { cmp(e, n, o, "EQ"); }
@@ -139,6 +290,7 @@ static void r_le(tp_emit *e, const tp_node *n, tp_val *o) { cmp(e, n, o, "LE"); 
 static void r_gt(tp_emit *e, const tp_node *n, tp_val *o) { cmp(e, n, o, "GT"); }
 static void r_ge(tp_emit *e, const tp_node *n, tp_val *o) { cmp(e, n, o, "GE"); }
 
+/* Logical ops: x != 0 (so NaN is true), then the op on booleans. */
 static void logic(tp_emit *e, const tp_node *n, tp_val *o, const char *op) {
   tp_type bt = lw_out_as(n, 0, TP_BOOL);
   tp_val a = lw_operand(e, n, 0, &bt), b = lw_operand(e, n, 1, &bt);
@@ -152,6 +304,10 @@ static void r_lnot(tp_emit *e, const tp_node *n, tp_val *o) {
   o[0] = finish(e, n, un(e, "stablehlo.not", lw_operand(e, n, 0, &bt)));
 }
 static void r_bnot(tp_emit *e, const tp_node *n, tp_val *o) {
+  if (isf(OUT0->dt) || isc(OUT0->dt)) {
+    o[0] = not_for(e, "bitwise_not_cpu", OUT0->dt);
+    return;
+  }
   o[0] = un(e, "stablehlo.not", lw_operand(e, n, 0, OUT0));
 }
 
@@ -166,41 +322,53 @@ static void r_masked_fill(tp_emit *e, const tp_node *n, tp_val *o) {
   o[0] = em_select(e, lw_operand(e, n, 1, &bt), lw_operand(e, n, 2, OUT0), lw_operand(e, n, 0, OUT0));
 }
 
+/* clamp(self, min, max) = minimum(maximum(self, min), max): NaN anywhere
+ * gives NaN, and min > max gives max, as in PyTorch. */
 static void r_clamp(tp_emit *e, const tp_node *n, tp_val *o) {
-  tp_type ct = ctype(n);
-  tp_val x = lw_operand(e, n, 0, &ct);
-  if (!lw_is_none(n, 1)) x = em_binary(e, "stablehlo.maximum", x, lw_operand(e, n, 1, &ct));
-  if (!lw_is_none(n, 2)) x = em_binary(e, "stablehlo.minimum", x, lw_operand(e, n, 2, &ct));
+  tp_type ct = common_type(e, n, 3, 0);
+  if (ct.dt == TP_BOOL) { /* (clamp_min / clamp_max take bools) */
+    o[0] = not_for(e, "clamp_cpu", ct.dt);
+    return;
+  }
+  tp_val x = opnd(e, n, 0, &ct);
+  if (!lw_is_none(n, 1)) x = fmaxmin(e, x, opnd(e, n, 1, &ct), 1);
+  if (!lw_is_none(n, 2)) x = fmaxmin(e, x, opnd(e, n, 2, &ct), 0);
   o[0] = finish(e, n, x);
 }
-static void r_clamp_min(tp_emit *e, const tp_node *n, tp_val *o) {
-  tp_type ct = ctype(n);
-  o[0] = finish(e, n, em_binary(e, "stablehlo.maximum", lw_operand(e, n, 0, &ct), lw_operand(e, n, 1, &ct)));
+static void clamp1(tp_emit *e, const tp_node *n, tp_val *o, int is_min) {
+  tp_type ct = common_type(e, n, 2, 0);
+  o[0] = finish(e, n, fmaxmin(e, opnd(e, n, 0, &ct), opnd(e, n, 1, &ct), is_min));
 }
-static void r_clamp_max(tp_emit *e, const tp_node *n, tp_val *o) {
-  tp_type ct = ctype(n);
-  o[0] = finish(e, n, em_binary(e, "stablehlo.minimum", lw_operand(e, n, 0, &ct), lw_operand(e, n, 1, &ct)));
-}
+static void r_clamp_min(tp_emit *e, const tp_node *n, tp_val *o) { clamp1(e, n, o, 1); }
+static void r_clamp_max(tp_emit *e, const tp_node *n, tp_val *o) { clamp1(e, n, o, 0); }
 
-/* lerp: weight < 0.5 ? self + w*(end-self) : end - (end-self)*(1-w) (PyTorch's form) */
+/* lerp: |weight| < 0.5 ? self + w*(end-self) : end - (end-self)*(1-w) (PyTorch's form) */
 static void r_lerp(tp_emit *e, const tp_node *n, tp_val *o) {
   tp_type ct = ctype(n);
-  tp_val a = lw_operand(e, n, 0, &ct), b = lw_operand(e, n, 1, &ct), w = lw_operand(e, n, 2, &ct);
+  tp_val a = opnd(e, n, 0, &ct), b = opnd(e, n, 1, &ct), w = opnd(e, n, 2, &ct);
   tp_val d = sub(e, b, a);
   tp_val lo = add(e, a, mul(e, w, d)), hi = sub(e, b, mul(e, d, sub(e, k(e, w, 1), w)));
   tp_val small = em_compare(e, "LT", un(e, "stablehlo.abs", w), k(e, w, 0.5));
   o[0] = finish(e, n, em_select(e, small, lo, hi));
 }
 
+/* addcmul: self + value * t1 * t2, addcdiv: self + value * (t1 / t2), in
+ * PyTorch's order of operations. */
 static void r_addcmul(tp_emit *e, const tp_node *n, tp_val *o) {
-  tp_type ct = ctype(n);
-  tp_val s = lw_operand(e, n, 0, &ct), t1 = lw_operand(e, n, 1, &ct), t2 = lw_operand(e, n, 2, &ct);
+  tp_type ct = common_type(e, n, 3, 0);
+  tp_val s = opnd(e, n, 0, &ct), t1 = opnd(e, n, 1, &ct), t2 = opnd(e, n, 2, &ct);
   tp_val v = lw_operand(e, n, 3, &ct);
-  o[0] = finish(e, n, add(e, s, mul(e, v, mul(e, t1, t2))));
+  o[0] = finish(e, n, add(e, s, mul(e, mul(e, v, t1), t2)));
 }
 static void r_addcdiv(tp_emit *e, const tp_node *n, tp_val *o) {
-  tp_type ct = ctype(n);
-  tp_val s = lw_operand(e, n, 0, &ct), t1 = lw_operand(e, n, 1, &ct), t2 = lw_operand(e, n, 2, &ct);
+  tp_type ct = common_type(e, n, 3, 0);
+  if (!isf(ct.dt) && !isc(ct.dt)) {
+    o[0] = em_fail(e, TP_INVALID_ARGUMENT,
+                   "Integer division with addcdiv is no longer supported, and in a future release addcdiv will "
+                   "perform a true division of tensor1 and tensor2.");
+    return;
+  }
+  tp_val s = opnd(e, n, 0, &ct), t1 = opnd(e, n, 1, &ct), t2 = opnd(e, n, 2, &ct);
   tp_val v = lw_operand(e, n, 3, &ct);
   o[0] = finish(e, n, add(e, s, mul(e, v, dv(e, t1, t2))));
 }
@@ -208,7 +376,7 @@ static void r_addcdiv(tp_emit *e, const tp_node *n, tp_val *o) {
 /* prims::fma(a, b, c) = a * b + c (PyTorch's decompositions of optimizers use it). */
 static void r_fma(tp_emit *e, const tp_node *n, tp_val *o) {
   tp_type ct = ctype(n);
-  tp_val a = lw_operand(e, n, 0, &ct), b = lw_operand(e, n, 1, &ct), c = lw_operand(e, n, 2, &ct);
+  tp_val a = opnd(e, n, 0, &ct), b = opnd(e, n, 1, &ct), c = opnd(e, n, 2, &ct);
   o[0] = finish(e, n, add(e, mul(e, a, b), c));
 }
 
@@ -216,7 +384,7 @@ static void r_fma(tp_emit *e, const tp_node *n, tp_val *o) {
 
 static tp_val x_in(tp_emit *e, const tp_node *n) {
   tp_type ct = ctype(n);
-  return lw_operand(e, n, 0, &ct);
+  return opnd(e, n, 0, &ct);
 }
 
 #define UNARY(fn, hlo) \
@@ -232,9 +400,6 @@ UNARY(r_cos, "stablehlo.cosine")
 UNARY(r_tan, "chlo.tan")
 UNARY(r_tanh, "stablehlo.tanh")
 UNARY(r_sigmoid, "stablehlo.logistic")
-UNARY(r_neg, "stablehlo.negate")
-UNARY(r_floor, "stablehlo.floor")
-UNARY(r_ceil, "stablehlo.ceil")
 UNARY(r_erf, "chlo.erf")
 UNARY(r_erfinv, "chlo.erf_inv")
 UNARY(r_asin, "chlo.asin")
@@ -245,29 +410,87 @@ UNARY(r_asinh, "chlo.asinh")
 UNARY(r_acosh, "chlo.acosh")
 UNARY(r_atanh, "chlo.atanh")
 UNARY(r_lgamma, "chlo.lgamma")
-UNARY(r_digamma, "chlo.digamma")
 #undef UNARY
 
-/* abs: complex inputs give their magnitude (a real result). */
+static void r_neg(tp_emit *e, const tp_node *n, tp_val *o) {
+  if (OUT0->dt == TP_BOOL) {
+    o[0] = em_fail(e, TP_INVALID_ARGUMENT,
+                   "Negation, the `-` operator, on a bool tensor is not supported. If you are trying to invert a "
+                   "mask, use the `~` or `logical_not()` operator instead.");
+    return;
+  }
+  o[0] = finish(e, n, un(e, "stablehlo.negate", x_in(e, n)));
+}
+
+/* digamma(+-0) = -+inf (PyTorch, C++ and SciPy); chlo.digamma gives NaN there. */
+static void r_digamma(tp_emit *e, const tp_node *n, tp_val *o) {
+  tp_val x = x_in(e, n);
+  tp_val at0 = un(e, "stablehlo.negate", dv(e, k(e, x, 1), x)); /* copysign(inf, -x) */
+  o[0] = finish(e, n, em_select(e, em_compare(e, "EQ", x, k(e, x, 0)), at0, un(e, "chlo.digamma", x)));
+}
+
+/* abs: complex inputs give their magnitude (a real result); unsigned ints are their own. */
 static void r_abs(tp_emit *e, const tp_node *n, tp_val *o) {
   tp_val x = lw_value(e, n, 0);
   const tp_type *t = em_type(e, x);
-  if (tp_dtype_is_complex(t->dt)) {
+  if (isc(t->dt)) {
     tp_type r = *t;
     r.dt = t->dt == TP_C64 ? TP_F32 : TP_F64;
     o[0] = finish(e, n, em_op(e, "stablehlo.abs", NULL, &x, 1, &r));
     return;
   }
-  o[0] = finish(e, n, un(e, "stablehlo.abs", x_in(e, n)));
-}
-
-static void r_round(tp_emit *e, const tp_node *n, tp_val *o) {
-  tp_val x = x_in(e, n);
-  if (!tp_dtype_is_float(em_type(e, x)->dt)) {
+  if (t->dt == TP_BOOL) {
+    o[0] = not_for(e, "abs_cpu", t->dt);
+    return;
+  }
+  if (tp_dtype_is_unsigned(t->dt)) {
     o[0] = finish(e, n, x);
     return;
   }
-  int64_t dec = lw_int(n, 1, 0);
+  o[0] = finish(e, n, un(e, "stablehlo.abs", x_in(e, n)));
+}
+
+/* floor/ceil/round/trunc: integers are returned unchanged (PyTorch copies
+ * them); bool is refused, as by PyTorch's CPU kernels. */
+static int int_rounding(tp_emit *e, const tp_node *n, tp_val *o, const char *what) {
+  tp_dtype dt = lw_dtype(e, n, 0);
+  if (dt == TP_BOOL) {
+    o[0] = not_for(e, what, dt);
+    return 1;
+  }
+  if (!isf(dt)) {
+    o[0] = finish(e, n, lw_operand(e, n, 0, OUT0));
+    return 1;
+  }
+  return 0;
+}
+static void r_floor(tp_emit *e, const tp_node *n, tp_val *o) {
+  if (!int_rounding(e, n, o, "floor_vml_cpu")) o[0] = finish(e, n, un(e, "stablehlo.floor", x_in(e, n)));
+}
+static void r_ceil(tp_emit *e, const tp_node *n, tp_val *o) {
+  if (!int_rounding(e, n, o, "ceil_vml_cpu")) o[0] = finish(e, n, un(e, "stablehlo.ceil", x_in(e, n)));
+}
+static tp_val trunc_f(tp_emit *e, tp_val x) {
+  tp_val neg = em_compare(e, "LT", x, k(e, x, 0));
+  return em_select(e, neg, un(e, "stablehlo.ceil", x), un(e, "stablehlo.floor", x));
+}
+static void r_trunc(tp_emit *e, const tp_node *n, tp_val *o) {
+  if (!int_rounding(e, n, o, "trunc_vml_cpu")) o[0] = finish(e, n, trunc_f(e, x_in(e, n)));
+}
+
+/* round(x) rounds half to even; round(x, decimals) is PyTorch's
+ * nearbyint(x * 10^d) / 10^d (or nearbyint(x / 10^-d) * 10^-d for d < 0),
+ * which PyTorch refuses for integers. */
+static void r_round(tp_emit *e, const tp_node *n, tp_val *o) {
+  int has_dec = !strcmp(n->op, "aten::round.decimals");
+  tp_dtype dt = lw_dtype(e, n, 0);
+  if (has_dec && !isf(dt)) {
+    o[0] = not_for(e, "round_cpu", dt);
+    return;
+  }
+  if (int_rounding(e, n, o, "round_vml_cpu")) return;
+  tp_val x = x_in(e, n);
+  int64_t dec = has_dec ? lw_int(n, 1, 0) : 0;
   if (dec == 0) {
     o[0] = finish(e, n, un(e, "stablehlo.round_nearest_even", x));
     return;
@@ -279,23 +502,17 @@ static void r_round(tp_emit *e, const tp_node *n, tp_val *o) {
   o[0] = finish(e, n, dec > 0 ? dv(e, y, f) : mul(e, y, f));
 }
 
-static void r_trunc(tp_emit *e, const tp_node *n, tp_val *o) {
-  tp_val x = x_in(e, n);
-  if (!tp_dtype_is_float(em_type(e, x)->dt)) {
-    o[0] = finish(e, n, x);
+static void r_frac(tp_emit *e, const tp_node *n, tp_val *o) {
+  tp_dtype dt = lw_dtype(e, n, 0);
+  if (!isf(dt)) {
+    o[0] = not_for(e, "frac_cpu", dt);
     return;
   }
-  tp_val neg = em_compare(e, "LT", x, k(e, x, 0));
-  o[0] = finish(e, n, em_select(e, neg, un(e, "stablehlo.ceil", x), un(e, "stablehlo.floor", x)));
-}
-
-static void r_frac(tp_emit *e, const tp_node *n, tp_val *o) {
   tp_val x = x_in(e, n);
-  tp_val neg = em_compare(e, "LT", x, k(e, x, 0));
-  tp_val t = em_select(e, neg, un(e, "stablehlo.ceil", x), un(e, "stablehlo.floor", x));
-  o[0] = finish(e, n, sub(e, x, t));
+  o[0] = finish(e, n, sub(e, x, trunc_f(e, x)));
 }
 
+/* sign: (0 < x) - (x < 0), so sign(NaN) = 0 and sign(-0.0) = 0 as in PyTorch. */
 static void r_sign(tp_emit *e, const tp_node *n, tp_val *o) {
   tp_val x = x_in(e, n);
   tp_dtype dt = em_type(e, x)->dt;
@@ -307,7 +524,30 @@ static void r_sign(tp_emit *e, const tp_node *n, tp_val *o) {
     o[0] = finish(e, n, em_convert(e, em_compare(e, "NE", x, k(e, x, 0)), dt));
     return;
   }
-  o[0] = finish(e, n, un(e, "stablehlo.sign", x));
+  if (!isf(dt)) {
+    o[0] = finish(e, n, un(e, "stablehlo.sign", x));
+    return;
+  }
+  tp_val zero = k(e, x, 0);
+  tp_val s = em_select(e, em_compare(e, "LT", x, zero), k(e, x, -1), zero);
+  o[0] = finish(e, n, em_select(e, em_compare(e, "GT", x, zero), k(e, x, 1), s));
+}
+
+/* signbit: the sign bit of floats (true for -0.0 and -NaN), x < 0 for ints. */
+static void r_signbit(tp_emit *e, const tp_node *n, tp_val *o) {
+  tp_val x = lw_value(e, n, 0);
+  tp_type t = *em_type(e, x);
+  if (isf(t.dt)) {
+    t.dt = t.dt == TP_F64 ? TP_I64 : t.dt == TP_F32 ? TP_I32 : TP_I16;
+    tp_val bits = em_bitcast(e, x, &t);
+    o[0] = em_compare(e, "LT", bits, k(e, bits, 0));
+  } else if (t.dt == TP_BOOL || tp_dtype_is_unsigned(t.dt)) {
+    o[0] = em_full(e, 0, OUT0);
+  } else if (tp_dtype_is_int(t.dt)) {
+    o[0] = em_compare(e, "LT", x, k(e, x, 0));
+  } else {
+    o[0] = not_for(e, "signbit_cpu", t.dt);
+  }
 }
 
 static void r_reciprocal(tp_emit *e, const tp_node *n, tp_val *o) {
@@ -315,9 +555,26 @@ static void r_reciprocal(tp_emit *e, const tp_node *n, tp_val *o) {
   o[0] = finish(e, n, dv(e, k(e, x, 1), x));
 }
 
+/* log2/log10 as log(x) / log(base), except that log2 of a power of two is
+ * exact (its exponent), as with PyTorch's log2. */
 static void r_log2(tp_emit *e, const tp_node *n, tp_val *o) {
   tp_val x = x_in(e, n);
-  o[0] = finish(e, n, dv(e, un(e, "stablehlo.log", x), k(e, x, M_LN2)));
+  tp_val y = dv(e, un(e, "stablehlo.log", x), k(e, x, M_LN2));
+  tp_type t = *em_type(e, x);
+  if (t.dt == TP_F32 || t.dt == TP_F64) {
+    int f64 = t.dt == TP_F64;
+    t.dt = f64 ? TP_I64 : TP_I32;
+    tp_val bits = em_bitcast(e, x, &t);
+    tp_val mant = em_binary(e, "stablehlo.and", bits, k(e, bits, f64 ? (double)((1LL << 52) - 1) : (double)((1 << 23) - 1)));
+    tp_val ex = em_binary(e, "stablehlo.shift_right_logical", bits, k(e, bits, f64 ? 52 : 23));
+    tp_val exact = sub(e, ex, k(e, ex, f64 ? 1023 : 127));
+    /* a positive normal power of two: zero mantissa, exponent field in (0, max) */
+    tp_val pow2 = em_binary(e, "stablehlo.and", em_compare(e, "EQ", mant, k(e, mant, 0)),
+                            em_binary(e, "stablehlo.and", em_compare(e, "GT", ex, k(e, ex, 0)),
+                                      em_compare(e, "LT", ex, k(e, ex, f64 ? 2047 : 255))));
+    y = em_select(e, pow2, em_convert(e, exact, em_type(e, x)->dt), y);
+  }
+  o[0] = finish(e, n, y);
 }
 static void r_log10(tp_emit *e, const tp_node *n, tp_val *o) {
   tp_val x = x_in(e, n);
@@ -338,11 +595,11 @@ static void r_square(tp_emit *e, const tp_node *n, tp_val *o) {
 
 static void r_isnan(tp_emit *e, const tp_node *n, tp_val *o) {
   tp_val x = lw_value(e, n, 0);
-  o[0] = em_compare(e, "NE", x, x);
+  o[0] = isnan_(e, x);
 }
 static void r_isinf(tp_emit *e, const tp_node *n, tp_val *o) {
   tp_val x = lw_value(e, n, 0);
-  if (!tp_dtype_is_float(em_type(e, x)->dt)) {
+  if (!isf(em_type(e, x)->dt)) {
     o[0] = em_full(e, 0, OUT0);
     return;
   }
@@ -350,17 +607,19 @@ static void r_isinf(tp_emit *e, const tp_node *n, tp_val *o) {
 }
 static void r_isfinite(tp_emit *e, const tp_node *n, tp_val *o) {
   tp_val x = lw_value(e, n, 0);
-  if (!tp_dtype_is_float(em_type(e, x)->dt)) {
+  if (!isf(em_type(e, x)->dt)) {
     o[0] = em_full(e, 1, OUT0);
     return;
   }
   o[0] = em_compare(e, "LT", un(e, "stablehlo.abs", x), k(e, x, INFINITY));
 }
 
+/* nan_to_num(x, nan=0, posinf=None, neginf=None): None means the dtype's
+ * largest / lowest finite value. */
 static void r_nan_to_num(tp_emit *e, const tp_node *n, tp_val *o) {
   tp_val x = lw_value(e, n, 0);
   tp_dtype dt = em_type(e, x)->dt;
-  if (!tp_dtype_is_float(dt)) {
+  if (!isf(dt)) {
     o[0] = x;
     return;
   }
@@ -369,7 +628,7 @@ static void r_nan_to_num(tp_emit *e, const tp_node *n, tp_val *o) {
   double nanv = lw_is_none(n, 1) ? 0.0 : lw_float(n, 1, 0.0);
   double pinf = lw_is_none(n, 2) ? big : lw_float(n, 2, big);
   double ninf = lw_is_none(n, 3) ? -big : lw_float(n, 3, -big);
-  x = em_select(e, em_compare(e, "NE", x, x), k(e, x, nanv), x);
+  x = em_select(e, isnan_(e, x), k(e, x, nanv), x);
   x = em_select(e, em_compare(e, "EQ", x, k(e, x, INFINITY)), k(e, x, pinf), x);
   x = em_select(e, em_compare(e, "EQ", x, k(e, x, -INFINITY)), k(e, x, ninf), x);
   o[0] = x;
@@ -377,22 +636,38 @@ static void r_nan_to_num(tp_emit *e, const tp_node *n, tp_val *o) {
 
 /* ---- activations ------------------------------------------------------------------ */
 
+static int bool_input(tp_emit *e, const tp_node *n, tp_val *o, const char *msg) {
+  if (lw_dtype(e, n, 0) != TP_BOOL) return 0;
+  o[0] = em_fail(e, TP_UNIMPLEMENTED, "%s", msg);
+  return 1;
+}
+
+/* relu = clamp_min(x, 0): NaN stays NaN. */
 static void r_relu(tp_emit *e, const tp_node *n, tp_val *o) {
+  if (bool_input(e, n, o, "Boolean inputs not supported for relu")) return;
   tp_val x = lw_operand(e, n, 0, OUT0);
-  o[0] = em_binary(e, "stablehlo.maximum", x, k(e, x, 0));
+  o[0] = fmaxmin(e, x, k(e, x, 0), 1);
 }
 
-/* threshold_backward(grad, self, threshold): grad where self > threshold else 0 */
+/* threshold_backward(grad, self, threshold): self <= threshold ? 0 : grad,
+ * compared in opmath like PyTorch (a bf16 0.1 is not <= the threshold 0.1). */
 static void r_threshold_backward(tp_emit *e, const tp_node *n, tp_val *o) {
-  tp_val g = lw_operand(e, n, 0, OUT0), x = lw_operand(e, n, 1, OUT0), t = lw_operand(e, n, 2, OUT0);
-  o[0] = em_select(e, em_compare(e, "LE", x, t), k(e, g, 0), g);
+  tp_type ct = ctype(n);
+  tp_val g = opnd(e, n, 0, &ct), x = opnd(e, n, 1, &ct), t = lw_operand(e, n, 2, &ct);
+  o[0] = finish(e, n, em_select(e, em_compare(e, "LE", x, t), k(e, g, 0), g));
 }
 
+/* threshold(self, threshold, value): self <= threshold ? value : self, in opmath. */
 static void r_threshold(tp_emit *e, const tp_node *n, tp_val *o) {
-  tp_val x = lw_operand(e, n, 0, OUT0), t = lw_operand(e, n, 1, OUT0), v = lw_operand(e, n, 2, OUT0);
-  o[0] = em_select(e, em_compare(e, "LE", x, t), v, x);
+  if (bool_input(e, n, o, "\"threshold_cpu\" not implemented for 'Bool'")) return;
+  tp_type ct = ctype(n);
+  tp_val x = opnd(e, n, 0, &ct), t = lw_operand(e, n, 1, &ct), v = lw_operand(e, n, 2, &ct);
+  o[0] = finish(e, n, em_select(e, em_compare(e, "LE", x, t), v, x));
 }
 
+/* gelu(x) = x * Phi(x); Phi(x) = erfc(-x / sqrt 2) / 2, which is PyTorch's
+ * (1 + erf(x / sqrt 2)) / 2 without its cancellation for x << 0 (and with
+ * gelu(-inf) = -inf * 0 = NaN like PyTorch).  tanh: PyTorch's formula. */
 static void r_gelu(tp_emit *e, const tp_node *n, tp_val *o) {
   tp_val x = x_in(e, n);
   const char *approx = lw_str(n, 1, "none");
@@ -400,16 +675,19 @@ static void r_gelu(tp_emit *e, const tp_node *n, tp_val *o) {
   if (!strcmp(approx, "tanh")) {
     tp_val inner = mul(e, k(e, x, sqrt(2.0 / M_PI)), add(e, x, mul(e, k(e, x, 0.044715), mul(e, x, mul(e, x, x)))));
     y = mul(e, mul(e, k(e, x, 0.5), x), add(e, k(e, x, 1), un(e, "stablehlo.tanh", inner)));
+  } else if (!strcmp(approx, "none")) {
+    tp_val cdf2 = un(e, "chlo.erfc", mul(e, x, k(e, x, -M_SQRT1_2)));
+    y = mul(e, mul(e, x, k(e, x, 0.5)), cdf2);
   } else {
-    tp_val cdf = add(e, k(e, x, 1), un(e, "chlo.erf", mul(e, x, k(e, x, M_SQRT1_2))));
-    y = mul(e, mul(e, x, k(e, x, 0.5)), cdf);
+    o[0] = em_fail(e, TP_INVALID_ARGUMENT, "approximate argument must be either none or tanh.");
+    return;
   }
   o[0] = finish(e, n, y);
 }
 
 static void r_gelu_backward(tp_emit *e, const tp_node *n, tp_val *o) {
   tp_type ct = ctype(n);
-  tp_val g = lw_operand(e, n, 0, &ct), x = lw_operand(e, n, 1, &ct);
+  tp_val g = opnd(e, n, 0, &ct), x = opnd(e, n, 1, &ct);
   const char *approx = lw_str(n, 2, "none");
   tp_val d;
   if (!strcmp(approx, "tanh")) {
@@ -421,10 +699,13 @@ static void r_gelu_backward(tp_emit *e, const tp_node *n, tp_val *o) {
     tp_val rd = mul(e, mul(e, left, sub(e, k(e, x, 1), mul(e, th, th))),
                     mul(e, k(e, x, beta), add(e, k(e, x, 1), mul(e, k(e, x, 3 * kap), x2))));
     d = add(e, ld, rd);
-  } else {
-    tp_val cdf = mul(e, k(e, x, 0.5), add(e, k(e, x, 1), un(e, "chlo.erf", mul(e, x, k(e, x, M_SQRT1_2)))));
+  } else if (!strcmp(approx, "none")) {
+    tp_val cdf = mul(e, k(e, x, 0.5), un(e, "chlo.erfc", mul(e, x, k(e, x, -M_SQRT1_2))));
     tp_val pdf = mul(e, un(e, "stablehlo.exponential", mul(e, k(e, x, -0.5), mul(e, x, x))), k(e, x, 0.3989422804014327));
     d = add(e, cdf, mul(e, x, pdf));
+  } else {
+    o[0] = em_fail(e, TP_INVALID_ARGUMENT, "approximate argument must be either none or tanh.");
+    return;
   }
   o[0] = finish(e, n, mul(e, g, d));
 }
@@ -433,40 +714,87 @@ static void r_silu(tp_emit *e, const tp_node *n, tp_val *o) {
   tp_val x = x_in(e, n);
   o[0] = finish(e, n, mul(e, x, un(e, "stablehlo.logistic", x)));
 }
+/* silu_backward: grad * s * (1 + x * (1 - s)), s = sigmoid(x) */
 static void r_silu_backward(tp_emit *e, const tp_node *n, tp_val *o) {
   tp_type ct = ctype(n);
-  tp_val g = lw_operand(e, n, 0, &ct), x = lw_operand(e, n, 1, &ct);
+  tp_val g = opnd(e, n, 0, &ct), x = opnd(e, n, 1, &ct);
   tp_val s = un(e, "stablehlo.logistic", x);
   o[0] = finish(e, n, mul(e, g, mul(e, s, add(e, k(e, x, 1), mul(e, x, sub(e, k(e, x, 1), s))))));
 }
+/* sigmoid_backward(grad, y) = grad * (1 - y) * y */
 static void r_sigmoid_backward(tp_emit *e, const tp_node *n, tp_val *o) {
   tp_type ct = ctype(n);
-  tp_val g = lw_operand(e, n, 0, &ct), y = lw_operand(e, n, 1, &ct);
-  o[0] = finish(e, n, mul(e, g, mul(e, sub(e, k(e, y, 1), y), y)));
+  tp_val g = opnd(e, n, 0, &ct), y = opnd(e, n, 1, &ct);
+  o[0] = finish(e, n, mul(e, mul(e, g, sub(e, k(e, y, 1), y)), y));
 }
+/* tanh_backward(grad, y) = grad * (1 - y * y) */
 static void r_tanh_backward(tp_emit *e, const tp_node *n, tp_val *o) {
   tp_type ct = ctype(n);
-  tp_val g = lw_operand(e, n, 0, &ct), y = lw_operand(e, n, 1, &ct);
+  tp_val g = opnd(e, n, 0, &ct), y = opnd(e, n, 1, &ct);
   o[0] = finish(e, n, mul(e, g, sub(e, k(e, y, 1), mul(e, y, y))));
 }
+/* leaky_relu(x, slope) = x > 0 ? x : x * slope */
 static void r_leaky_relu(tp_emit *e, const tp_node *n, tp_val *o) {
   tp_type ct = ctype(n);
-  tp_val x = lw_operand(e, n, 0, &ct), s = lw_operand(e, n, 1, &ct);
+  tp_val x = opnd(e, n, 0, &ct), s = lw_operand(e, n, 1, &ct);
   o[0] = finish(e, n, em_select(e, em_compare(e, "GT", x, k(e, x, 0)), x, mul(e, x, s)));
 }
+/* hardtanh = clamp(x, min_val, max_val), NaN-propagating. */
 static void r_hardtanh(tp_emit *e, const tp_node *n, tp_val *o) {
+  if (bool_input(e, n, o, "Bool inputs not supported for hardtanh")) return;
   tp_type ct = ctype(n);
-  tp_val x = lw_operand(e, n, 0, &ct), lo = lw_operand(e, n, 1, &ct), hi = lw_operand(e, n, 2, &ct);
-  o[0] = finish(e, n, em_binary(e, "stablehlo.minimum", em_binary(e, "stablehlo.maximum", x, lo), hi));
+  tp_val x = opnd(e, n, 0, &ct), lo = lw_operand(e, n, 1, &ct), hi = lw_operand(e, n, 2, &ct);
+  o[0] = finish(e, n, fmaxmin(e, fmaxmin(e, x, lo, 1), hi, 0));
+}
+
+/* hardtanh_backward(grad, self, min_val, max_val): self <= min || self >= max
+ * ? 0 : grad, compared in opmath (PyTorch's scalar CPU and CUDA kernels;
+ * its vectorised f32 CPU path gives 0 instead of grad at NaN). */
+static void r_hardtanh_backward(tp_emit *e, const tp_node *n, tp_val *o) {
+  tp_type ct = ctype(n);
+  tp_val g = opnd(e, n, 0, &ct), x = opnd(e, n, 1, &ct);
+  tp_val lo = lw_operand(e, n, 2, &ct), hi = lw_operand(e, n, 3, &ct);
+  tp_val out = em_binary(e, "stablehlo.or", em_compare(e, "LE", x, lo), em_compare(e, "GE", x, hi));
+  o[0] = finish(e, n, em_select(e, out, k(e, g, 0), g));
 }
 
 /* ---- copies and fills ---------------------------------------------------------------- */
 
+/* A float value converted to integer dtype dt the way PyTorch's CPU casts
+ * do on x86-64: through int64 for uint8 (PyTorch's documented choice: -1.0
+ * -> 255), uint16/uint32 and int64; through int32 (the hardware truncating
+ * conversion) for int8/int16/int32, the narrower types wrapping; NaN, inf and
+ * out-of-range values give the intermediate type's INT_MIN (x86's "integer
+ * indefinite" value).  XLA's convert saturates instead and maps NaN to 0.
+ * uint64 keeps XLA's conversion. */
+static tp_val float_to_int(tp_emit *e, tp_val x, tp_dtype dt) {
+  if (dt == TP_U64) return em_convert(e, x, dt);
+  tp_dtype via = (dt == TP_I64 || dt == TP_U8 || dt == TP_U32) ? TP_I64 : TP_I32;
+  if (em_type(e, x)->dt != TP_F64) x = em_convert(e, x, TP_F32);
+  double lim = via == TP_I64 ? 9223372036854775808.0 : 2147483648.0;
+  tp_val r = em_convert(e, x, via);
+  tp_val ok = em_compare(e, "LT", un(e, "stablehlo.abs", x), k(e, x, lim));
+  r = em_select(e, ok, r, k(e, r, -lim));
+  return em_convert(e, r, dt);
+}
+
+/* Argument i converted (with copy_ semantics) to dtype t->dt and broadcast to t. */
+static tp_val copy_operand(tp_emit *e, const tp_node *n, int i, const tp_type *t) {
+  const tp_arg *a = lw_arg(n, i);
+  if (a->kind == TP_ARG_TENSOR && tp_dtype_is_int(t->dt)) {
+    tp_val v = a->v;
+    tp_dtype from = em_type(e, v)->dt;
+    if (isc(from)) v = em_convert(e, v, from == TP_C64 ? TP_F32 : TP_F64); /* the real part */
+    if (isf(em_type(e, v)->dt)) return em_bcast_to(e, float_to_int(e, v, t->dt), t->rank, t->dims);
+  }
+  return lw_operand(e, n, i, t);
+}
+
 /* tp::copy(src) -> out: convert and broadcast (copy_ semantics). */
-static void r_copy(tp_emit *e, const tp_node *n, tp_val *o) { o[0] = lw_operand(e, n, 0, OUT0); }
+static void r_copy(tp_emit *e, const tp_node *n, tp_val *o) { o[0] = copy_operand(e, n, 0, OUT0); }
 /* copy(self, src, non_blocking): functional copy_ */
-static void r_copy2(tp_emit *e, const tp_node *n, tp_val *o) { o[0] = lw_operand(e, n, 1, OUT0); }
-static void r_fill(tp_emit *e, const tp_node *n, tp_val *o) { o[0] = lw_operand(e, n, 1, OUT0); }
+static void r_copy2(tp_emit *e, const tp_node *n, tp_val *o) { o[0] = copy_operand(e, n, 1, OUT0); }
+static void r_fill(tp_emit *e, const tp_node *n, tp_val *o) { o[0] = copy_operand(e, n, 1, OUT0); }
 static void r_zero(tp_emit *e, const tp_node *n, tp_val *o) { o[0] = em_full(e, 0, OUT0); }
 static void r_full(tp_emit *e, const tp_node *n, tp_val *o) { o[0] = lw_operand(e, n, 1, OUT0); }
 
@@ -518,6 +846,7 @@ const tp_lower_entry tp_lower_elementwise[] = {
     {"aten::floor_divide.Scalar", r_floor_divide},
     {"aten::remainder.Tensor", r_remainder},
     {"aten::remainder.Scalar", r_remainder},
+    {"aten::remainder.Scalar_Tensor", r_remainder},
     {"aten::fmod.Tensor", r_fmod},
     {"aten::fmod.Scalar", r_fmod},
     {"aten::pow.Tensor_Tensor", r_pow},
@@ -528,10 +857,13 @@ const tp_lower_entry tp_lower_elementwise[] = {
     {"aten::atan2", r_atan2},
     {"aten::bitwise_and.Tensor", r_band},
     {"aten::bitwise_and.Scalar", r_band},
+    {"aten::bitwise_and.Scalar_Tensor", r_band},
     {"aten::bitwise_or.Tensor", r_bor},
     {"aten::bitwise_or.Scalar", r_bor},
+    {"aten::bitwise_or.Scalar_Tensor", r_bor},
     {"aten::bitwise_xor.Tensor", r_bxor},
     {"aten::bitwise_xor.Scalar", r_bxor},
+    {"aten::bitwise_xor.Scalar_Tensor", r_bxor},
     {"aten::bitwise_not", r_bnot},
     {"aten::logical_and", r_land},
     {"aten::logical_or", r_lor},
@@ -600,6 +932,7 @@ const tp_lower_entry tp_lower_elementwise[] = {
     {"aten::erfinv", r_erfinv},
     {"aten::lgamma", r_lgamma},
     {"aten::digamma", r_digamma},
+    {"aten::signbit", r_signbit},
     {"aten::isnan", r_isnan},
     {"aten::isinf", r_isinf},
     {"aten::isfinite", r_isfinite},
@@ -615,5 +948,6 @@ const tp_lower_entry tp_lower_elementwise[] = {
     {"aten::tanh_backward", r_tanh_backward},
     {"aten::leaky_relu", r_leaky_relu},
     {"aten::hardtanh", r_hardtanh},
+    {"aten::hardtanh_backward", r_hardtanh_backward},
     {NULL, NULL},
 };

@@ -787,7 +787,9 @@ static tp_val copy_operand(tp_emit *e, const tp_node *n, int i, const tp_type *t
     if (isc(from)) v = em_convert(e, v, from == TP_C64 ? TP_F32 : TP_F64); /* the real part */
     if (isf(em_type(e, v)->dt)) return em_bcast_to(e, float_to_int(e, v, t->dt), t->rank, t->dims);
   }
-  return lw_operand(e, n, i, t);
+  /* bool -> float through u8 (see opnd): in a compiled graph the copy may
+   * feed a multiply, as in mask.float() * x. */
+  return opnd(e, n, i, t);
 }
 
 /* tp::copy(src) -> out: convert and broadcast (copy_ semantics). */

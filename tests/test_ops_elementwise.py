@@ -297,6 +297,10 @@ def test_binary_promotion(name):
             same(fn, torch.tensor(s, dtype=db), v)
     # 0-dim with 0-dim
     same(fn, torch.tensor(2.5, dtype=torch.bfloat16), torch.tensor(-3))
+    # 0-dim CPU tensors next to tpu tensors (runtime scalars that are not wrapped numbers)
+    same(lambda t: fn(t, torch.tensor(3, dtype=torch.int64)), vals(torch.int32))
+    same(lambda t: fn(t, torch.tensor(-1.5, dtype=torch.float64)), vals(torch.bfloat16))
+    same(lambda t: fn(torch.tensor(2.5), t), vals(torch.int64)[vals(torch.int64) != 0])
 
 
 @pytest.mark.parametrize("name", sorted(BINARY))

@@ -78,12 +78,13 @@ static tp_val opnd(tp_emit *e, const tp_node *n, int i, const tp_type *t) {
 static tp_type ctype(const tp_node *n) { return lw_out_as(n, 0, lw_opmath(n->outs[0].dt)); }
 
 /* Compute type of an op over arguments 0..nin-1: PyTorch's common dtype of
- * the inputs (integers promoted to the default float when `to_float`), in
- * its opmath dtype, with the output's shape. */
+ * the inputs (integers promoted to the default float when `to_float`: the
+ * output's dtype when it is a float, as for a functional call), in its opmath
+ * dtype, with the output's shape. */
 static tp_type common_type(tp_emit *e, const tp_node *n, int nin, int to_float) {
   int idx[4] = {0, 1, 2, 3};
   tp_dtype dt = lw_result_type(e, n, idx, nin);
-  if (to_float && !isf(dt) && !isc(dt)) dt = TP_F32;
+  if (to_float && !isf(dt) && !isc(dt)) dt = isf(OUT0->dt) ? OUT0->dt : TP_F32;
   return lw_out_as(n, 0, lw_opmath(dt));
 }
 

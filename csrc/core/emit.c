@@ -290,6 +290,12 @@ tp_val em_convert(tp_emit *e, tp_val x, tp_dtype dt) {
     tp_val z = em_full(e, 0, &t);
     return em_compare(e, "NE", x, z);
   }
+  if (t.dt == TP_BOOL && (tp_dtype_is_float(dt) || tp_dtype_is_complex(dt))) {
+    /* bool -> float through u8: XLA rewrites convert(bool) * y into a select
+     * that loses 0 * inf = NaN (seen on XLA:CPU). */
+    x = em_convert(e, x, TP_U8);
+    t.dt = TP_U8;
+  }
   t.dt = dt;
   return emit_line(e, "stablehlo.convert", NULL, &x, 1, &t);
 }

@@ -1,0 +1,755 @@
+"""Run one OpInfo at one dtype on "tpu" and on the CPU, and compare.
+
+This module runs inside a worker process (tests/conformance/worker.py): it
+imports torch_pjrt, and an op that crashes or hangs takes the worker down
+with it, which the parent (runner.py) records as a crash.
+
+For each (OpInfo, dtype) node:
+
+* samples come from ``op.sample_inputs("cpu", dtype)`` after seeding the
+  global generator (so a node gets the same samples in any worker, in any
+  order);
+* every tensor of a sample (input, args, kwargs, recursively) is copied to
+  "tpu", and a ``device="cpu"`` keyword (factory functions) becomes "tpu";
+* the CPU result is computed twice with different seeds: a sample whose two
+  CPU results differ is random (dropout inside an op, say) and is not
+  compared; OpInfos whose output is random or uninitialized are not compared
+  at all (status "skipped");
+* the tpu result, moved to the CPU, must have the CPU result's structure,
+  dtypes and shapes, and be close within the tolerance of ``tolerance()``
+  with NaNs equal;
+* for float32 OpInfos that support autograd, the gradients of every input
+  that requires grad, for a fixed random cotangent, are compared the same way.
+
+A sample ends as passed, mismatch, unsupported (our NotImplementedError),
+error (any other exception on "tpu"), random or cpu_error (the CPU reference
+itself raised: not our problem, not counted). The node's status is the worst
+of its samples: mismatch > error > unsupported > pass.
+"""
+import copy
+import math
+import re
+import time
+import traceback
+
+import torch
+
+UNSUPPORTED_TEXT = "not currently implemented for the tpu device"
+
+DTYPES = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "int64": torch.int64,
+    "int32": torch.int32,
+    "bool": torch.bool,
+}
+DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
+
+# Node statuses counted in the totals, best first; "skipped" is reported apart.
+STATUSES = ("pass", "unsupported", "mismatch", "error", "crash")
+
+# OpInfos whose outputs are random: results cannot be compared with the CPU's.
+RANDOM_OPS = {
+    "bernoulli", "cauchy", "exponential", "geometric", "log_normal", "multinomial",
+    "normal", "normal.in_place", "normal.number_mean", "uniform",
+    "rand_like", "randn_like", "randint_like", "randint", "randn", "randperm",
+    "nn.functional.dropout", "nn.functional.dropout1d", "nn.functional.dropout2d",
+    "nn.functional.dropout3d", "nn.functional.alpha_dropout",
+    "nn.functional.feature_alpha_dropout.with_train",
+    "nn.functional.fractional_max_pool2d", "nn.functional.fractional_max_pool3d",
+    "nn.functional.rrelu", "nn.functional.multi_head_attention_forward",
+    "pca_lowrank", "svd_lowrank",
+}
+# OpInfos whose outputs are uninitialized memory.
+UNINITIALIZED_OPS = {
+    "empty", "empty_like", "empty_permuted", "empty_strided", "new_empty", "new_empty_strided",
+}
+
+# assert_close's defaults (rtol, atol); integer and bool results must be equal.
+DEFAULT_TOL = {
+    torch.float32: (1.3e-6, 1e-5),
+    torch.bfloat16: (1.6e-2, 1e-5),
+    torch.float16: (1e-3, 1e-5),
+}
+
+MSG_LEN = 400
+
+
+def op_key(op):
+    return op.name + (f".{op.variant_test_name}" if op.variant_test_name else "")
+
+
+_OP_DB = None
+
+
+def op_db():
+    """{key: OpInfo} over PyTorch's op_db, in op_db's order."""
+    global _OP_DB
+    if _OP_DB is None:
+        from torch.testing._internal.common_methods_invocations import op_db as db
+
+        _OP_DB = {op_key(op): op for op in db}
+    return _OP_DB
+
+
+def node_dtypes(op, wanted):
+    """The dtypes of `wanted` that the OpInfo supports on CPU, in `wanted`'s order."""
+    supported = op.supported_dtypes("cpu")
+    return [d for d in wanted if DTYPES[d] in supported]
+
+
+# --------------------------------------------------------------------------
+# What PyTorch's own OpInfo says
+
+
+def _decorate_infos(op):
+    from torch.testing._internal.opinfo.core import DecorateInfo
+
+    for d in list(op.decorators or ()) + list(op.skips or ()):
+        if isinstance(d, DecorateInfo):
+            yield d, d.decorators
+        else:
+            yield None, [d]
+
+
+def _active(info, dtype):
+    if info is None:
+        return True
+    if info.dtypes is not None and dtype not in info.dtypes:
+        return False
+    active = info.active_if
+    return bool(active) if not callable(active) else True
+
+
+def _overrides(op, dtype, grad):
+    """(rtol, atol): the loosest toleranceOverride/precisionOverride the
+    OpInfo declares for `dtype` in any of PyTorch's test suites that compare
+    two implementations (CPU vs CUDA, eager vs Inductor or decompositions, vs
+    NumPy...), MPS-only ones excepted; gradient-test overrides count only for
+    gradients.  (0, 0) when it declares none."""
+    from torch.testing._internal.common_device_type import precisionOverride, toleranceOverride
+
+    rtol = atol = 0.0
+    for info, decs in _decorate_infos(op):
+        if not _active(info, dtype):
+            continue
+        if info is not None and info.device_type not in (None, "cpu", "cuda", "xpu"):
+            continue
+        test = (info.test_name or "") if info is not None else ""
+        is_grad_test = any(w in test for w in ("grad", "backward", "vjp", "jvp", "forward_ad"))
+        if is_grad_test and not grad:
+            continue
+        for dec in decs:
+            if isinstance(dec, toleranceOverride) and dtype in dec.d:
+                t = dec.d[dtype]
+                atol, rtol = max(atol, t.atol), max(rtol, t.rtol)
+            elif isinstance(dec, precisionOverride) and dtype in dec.d:
+                atol = max(atol, dec.d[dtype])
+    return rtol, atol
+
+
+# test_compare_cpu (PyTorch's CUDA-vs-CPU test) compares with atol=rtol=1e-3,
+# raised by the OpInfo's overrides.
+COMPARE_CPU_TOL = 1e-3
+
+
+class Tol:
+    """A tolerance policy: (rtol, atol) for each result dtype.
+
+    strict (what a pass needs): assert_close's defaults for the result's
+    dtype, raised to the OpInfo's own overrides for the node's dtype.
+    loose (reported alongside, "within 1e-3"): PyTorch's test_compare_cpu,
+    max(1e-3, overrides) for every result.  Integer and bool results must be
+    equal under both (a difference is at least 1)."""
+
+    def __init__(self, loose, o_rtol, o_atol):
+        self.loose, self.o_rtol, self.o_atol = loose, o_rtol, o_atol
+
+    def __call__(self, dtype):
+        if self.loose:
+            return max(COMPARE_CPU_TOL, self.o_rtol), max(COMPARE_CPU_TOL, self.o_atol)
+        d_rtol, d_atol = DEFAULT_TOL.get(dtype, (0.0, 0.0))
+        if dtype not in DEFAULT_TOL and (dtype.is_floating_point or dtype.is_complex):
+            d_rtol, d_atol = (1.3e-6, 1e-5) if dtype != torch.float64 else (1e-7, 1e-7)
+        return max(d_rtol, self.o_rtol), max(d_atol, self.o_atol)
+
+    def describe(self):
+        return "1e-3" if self.loose else f"default+({self.o_rtol}, {self.o_atol})"
+
+
+def tolerance(op, dtype, grad=False):
+    """(strict, loose) Tol policies for the node (see Tol)."""
+    o_rtol, o_atol = _overrides(op, dtype, grad)
+    return Tol(False, o_rtol, o_atol), Tol(True, o_rtol, o_atol)
+
+
+def _skip_reason(dec):
+    """The reason string of a unittest.skip(...) decorator, or None."""
+    for cell in getattr(dec, "__closure__", None) or ():
+        try:
+            v = cell.cell_contents
+        except ValueError:
+            continue
+        if isinstance(v, str):
+            return v
+    return None
+
+
+def compare_cpu_notes(op, dtype):
+    """What PyTorch's test_compare_cpu (CUDA vs CPU) says about this op at
+    `dtype`: skip reasons and expected failures.  Attached to our failures as
+    a hint; they do not change the status."""
+    import unittest
+
+    notes = []
+    for info, decs in _decorate_infos(op):
+        if info is None or info.test_name != "test_compare_cpu" or not _active(info, dtype):
+            continue
+        for dec in decs:
+            if dec is unittest.expectedFailure:
+                notes.append("expected failure")
+            else:
+                r = _skip_reason(dec)
+                if r:
+                    notes.append(f"skipped: {r}")
+    return sorted(set(notes))
+
+
+def random_kind(op):
+    """'random' / 'uninitialized' for OpInfos whose outputs can't be compared."""
+    key = op_key(op)
+    if key in UNINITIALIZED_OPS:
+        return "uninitialized"
+    if key in RANDOM_OPS:
+        return "random"
+    for info, decs in _decorate_infos(op):
+        if info is None or info.test_name != "test_compare_cpu":
+            continue
+        for dec in decs:
+            r = _skip_reason(dec) or ""
+            if r.startswith("output is non-deterministic") and "when" not in r:
+                return "random"
+    return None
+
+
+# --------------------------------------------------------------------------
+# Moving samples
+
+
+def _map(fn, x):
+    if isinstance(x, torch.Tensor):
+        return fn(x)
+    if isinstance(x, list):
+        return [_map(fn, v) for v in x]
+    if isinstance(x, tuple) and not hasattr(x, "_fields"):
+        return tuple(_map(fn, v) for v in x)
+    if isinstance(x, dict):
+        return {k: _map(fn, v) for k, v in x.items()}
+    return x
+
+
+def _leaves(x, out):
+    if isinstance(x, torch.Tensor):
+        out.append(x)
+    elif isinstance(x, (list, tuple)):
+        for v in x:
+            _leaves(v, out)
+    elif isinstance(x, dict):
+        for v in x.values():
+            _leaves(v, out)
+    return out
+
+
+def _to_tpu_tensor(t):
+    with torch.no_grad():
+        r = t.detach().to("tpu")
+    if t.requires_grad:
+        r.requires_grad_(True)
+    return r
+
+
+def _is_cpu_device(v):
+    return (isinstance(v, str) and v == "cpu") or (isinstance(v, torch.device) and v.type == "cpu")
+
+
+def to_tpu(sample, factory=False):
+    """((input, args, kwargs), on_tpu): the sample with every tensor copied to
+    tpu and a device="cpu" keyword made "tpu"; a factory function called
+    without a device gets device="tpu".  on_tpu: whether results are
+    expected on "tpu" (some tensor or the device argument went there)."""
+    moved = []
+
+    def move(t):
+        moved.append(t)
+        return _to_tpu_tensor(t)
+
+    inp = _map(move, sample.input)
+    args = _map(move, tuple(sample.args))
+    kwargs = {}
+    for k, v in sample.kwargs.items():
+        if k == "device" and _is_cpu_device(v):
+            kwargs[k] = "tpu"
+            moved.append(k)
+        else:
+            kwargs[k] = _map(move, v)
+    if factory and "device" not in kwargs:
+        kwargs["device"] = "tpu"
+        moved.append("device")
+    return (inp, args, kwargs), bool(moved)
+
+
+def cpu_copy(sample):
+    """A deep copy of (input, args, kwargs): storages, offsets and strides kept
+    (ops may write into their inputs)."""
+    parts = (sample.input, tuple(sample.args), dict(sample.kwargs))
+    try:
+        return copy.deepcopy(parts)
+    except Exception:
+        def clone(t):
+            c = t.detach().clone()
+            return c.requires_grad_(t.requires_grad)
+        return _map(clone, parts)
+
+
+def describe(sample):
+    """A short text for a sample: types and shapes of its arguments."""
+    def d(x):
+        if isinstance(x, torch.Tensor):
+            return f"{DTYPE_NAMES.get(x.dtype, str(x.dtype).replace('torch.', ''))}{list(x.shape)}"
+        if isinstance(x, (list, tuple)):
+            inner = ", ".join(d(v) for v in x[:6]) + (", ..." if len(x) > 6 else "")
+            return f"[{inner}]" if isinstance(x, list) else f"({inner})"
+        if isinstance(x, dict):
+            return "{" + ", ".join(f"{k}={d(v)}" for k, v in x.items()) + "}"
+        r = repr(x)
+        return r if len(r) <= 40 else r[:37] + "..."
+    parts = [d(sample.input)] + [d(a) for a in sample.args] + [f"{k}={d(v)}" for k, v in sample.kwargs.items()]
+    s = ", ".join(parts)
+    return s if len(s) <= 200 else s[:197] + "..."
+
+
+# --------------------------------------------------------------------------
+# Comparing results
+
+
+class Mismatch(Exception):
+    pass
+
+
+def _flatten(x, path, out):
+    if isinstance(x, (list, tuple)):
+        for i, v in enumerate(x):
+            _flatten(v, f"{path}[{i}]", out)
+    elif isinstance(x, dict):
+        for k in sorted(x, key=str):
+            _flatten(x[k], f"{path}[{k!r}]", out)
+    else:
+        out.append((path, x))
+    return out
+
+
+def _short_close_message(msg):
+    """The useful lines of assert_close's message, joined."""
+    keep = []
+    for line in str(msg).splitlines():
+        line = line.strip()
+        if not line or line.startswith("The failure occurred") or line.startswith("Tensor-likes are not close"):
+            continue
+        keep.append(line)
+    return "; ".join(keep)
+
+
+def compare(actual, expected, tol, what="output", on_tpu=True):
+    """Raise Mismatch if the tpu result `actual` differs from `expected`
+    under the Tol policy `tol`; `on_tpu`: tensors must be on "tpu"."""
+    a_flat = _flatten(actual, what, [])
+    e_flat = _flatten(expected, what, [])
+    if len(a_flat) != len(e_flat):
+        raise Mismatch(f"{what}: {len(a_flat)} values on tpu vs {len(e_flat)} on CPU")
+    for (path, a), (_, e) in zip(a_flat, e_flat):
+        if isinstance(e, torch.Tensor):
+            if not isinstance(a, torch.Tensor):
+                raise Mismatch(f"{path}: got {type(a).__name__}, expected a tensor")
+            if on_tpu and a.device.type != "tpu":
+                raise Mismatch(f"{path}: result on device {a.device}, expected tpu")
+            if a.dtype != e.dtype:
+                raise Mismatch(f"{path}: dtype {a.dtype} vs CPU {e.dtype}")
+            if a.shape != e.shape:
+                raise Mismatch(f"{path}: shape {list(a.shape)} vs CPU {list(e.shape)}")
+            if e.layout != torch.strided:
+                e = e.to_dense()
+            if a.layout != torch.strided:
+                a = a.to_dense()
+            ac = a.detach().cpu()
+            rtol, atol = tol(e.dtype)
+            try:
+                torch.testing.assert_close(ac, e.detach(), rtol=rtol, atol=atol, equal_nan=True,
+                                           check_device=False, check_stride=False, check_layout=False)
+            except AssertionError as err:
+                raise Mismatch(f"{path}: {_short_close_message(err)}") from None
+        elif isinstance(e, float) and isinstance(a, (float, int)):
+            rtol, atol = tol(torch.float32)
+            if not (math.isclose(a, e, rel_tol=max(rtol, 1e-7), abs_tol=atol)
+                    or (math.isnan(a) and math.isnan(e)) or a == e):
+                raise Mismatch(f"{path}: {a!r} vs CPU {e!r}")
+        elif isinstance(e, torch.Tensor) != isinstance(a, torch.Tensor) or a != e:
+            raise Mismatch(f"{path}: {a!r} vs CPU {e!r}")
+
+
+def _same(x, y):
+    """Exact equality of two CPU results (NaNs equal): for the randomness probe."""
+    xf, yf = _flatten(x, "", []), _flatten(y, "", [])
+    if len(xf) != len(yf):
+        return False
+    for (_, a), (_, b) in zip(xf, yf):
+        if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+            if a.shape != b.shape or a.dtype != b.dtype:
+                return False
+            if a.layout != torch.strided or b.layout != torch.strided:
+                a, b = a.to_dense(), b.to_dense()
+            if not torch.equal(torch.nan_to_num(a.detach(), 0.0) if a.is_floating_point() else a.detach(),
+                               torch.nan_to_num(b.detach(), 0.0) if b.is_floating_point() else b.detach()):
+                return False
+        elif isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+            continue
+        else:
+            try:
+                if a != b:
+                    return False
+            except Exception:
+                return False
+    return True
+
+
+def _first_line(e):
+    text = str(e).strip()
+    line = text.splitlines()[0] if text else ""
+    return line
+
+
+def classify_exception(e):
+    """('unsupported' | 'error', message) for an exception raised on tpu."""
+    text = str(e)
+    if isinstance(e, NotImplementedError) and UNSUPPORTED_TEXT in text:
+        # "The operator 'aten::foo' is not currently implemented for the tpu device (...)"
+        start = text.find("'")
+        end = text.find("'", start + 1)
+        name = text[start + 1:end] if 0 <= start < end else _first_line(e)
+        return "unsupported", f"{name}"
+    if isinstance(e, NotImplementedError) and text.startswith("Could not run '"):
+        # PyTorch's dispatcher: no kernel for a tpu dispatch key our fallback
+        # does not cover (sparse, quantized layouts): unsupported as well.
+        m = re.match(r"Could not run '([^']+)' with arguments from the '([^']+)' backend", text)
+        if m:
+            return "unsupported", f"{m.group(1)} (no kernel for the {m.group(2)} backend)"
+    return "error", f"{type(e).__name__}: {_first_line(e)}"
+
+
+def _clip(s, n=MSG_LEN):
+    return s if len(s) <= n else s[: n - 3] + "..."
+
+
+# --------------------------------------------------------------------------
+# One node
+
+
+def _cpu_failed(tally, e):
+    """The CPU reference raised.  Usually PyTorch's own limit (not counted),
+    but some OpInfo wrappers touch the accelerator too (freeze_rng_state asks
+    torch.tpu for its RNG state): then it is ours, an error."""
+    text = f"{type(e).__name__}: {_first_line(e)}"
+    if "torch_pjrt" in str(e) or "tpu" in str(e):
+        tally.add("error", _clip(f"{text} (raised by the OpInfo's wrapper, on CPU inputs too)"))
+    else:
+        tally.add("cpu_error", _clip(text))
+
+
+SEED = 0
+PROBE_SEED = 12345
+
+
+def _call(op, parts, seed):
+    torch.manual_seed(seed)
+    inp, args, kwargs = parts
+    return op(inp, *args, **kwargs)
+
+
+class _Tally:
+    ORDER = ("mismatch", "error", "unsupported")
+
+    def __init__(self):
+        self.counts = {"samples": 0, "passed": 0, "mismatch": 0, "mismatch_close": 0, "error": 0,
+                       "unsupported": 0, "random": 0, "cpu_error": 0, "nondiff": 0}
+        self.first = {}
+
+    def add(self, outcome, message=None):
+        self.counts[outcome] += 1
+        if outcome == "mismatch_close":  # a mismatch within test_compare_cpu's tolerance
+            self.counts["mismatch"] += 1
+            if message is not None:
+                self.first.setdefault("mismatch", message)
+        if message is not None and outcome not in self.first:
+            self.first[outcome] = message
+
+    def _status(self, c):
+        for st in self.ORDER:
+            if c[st]:
+                return st
+        if c["passed"]:
+            return "pass"
+        return None
+
+    def result(self):
+        c = self.counts
+        st = self._status(c)
+        if st is not None:
+            out = {"status": st, "message": self.first.get(st, ""), "samples": dict(c)}
+            if st != "pass":
+                out["messages"] = {k: v for k, v in self.first.items() if k != "cpu_error"}
+            # The status under test_compare_cpu's tolerance (1e-3).
+            lc = dict(c, passed=c["passed"] + c["mismatch_close"], mismatch=c["mismatch"] - c["mismatch_close"])
+            out["status_1e-3"] = self._status(lc)
+            if st == "mismatch" and out["status_1e-3"] == "mismatch" and "mismatch_far" in self.first:
+                out["message"] = self.first["mismatch_far"]
+            return out
+        if c["random"]:
+            return {"status": "skipped", "skip_reason": "random",
+                    "message": "every sample's CPU output differs between two seeds", "samples": c}
+        if c["nondiff"] and not c["cpu_error"]:
+            return {"status": "skipped", "skip_reason": "not-differentiable",
+                    "message": "no sample has an output and an input that require grad", "samples": c}
+        if c["cpu_error"]:
+            return {"status": "skipped", "skip_reason": "cpu-error",
+                    "message": "the CPU reference raised on every sample: " + self.first.get("cpu_error", ""),
+                    "samples": c}
+        return {"status": "skipped", "skip_reason": "no-samples", "message": "no samples", "samples": c}
+
+    def mismatch(self, strict_err, check_loose, where):
+        """Record a mismatch; check_loose() raises if the results differ under
+        test_compare_cpu's tolerance too."""
+        try:
+            check_loose()
+            close = True
+        except Exception:
+            close = False
+        if close:
+            self.add("mismatch_close", _clip(f"{strict_err} (within 1e-3) [{where}]"))
+        else:
+            msg = _clip(f"{strict_err} [{where}]")
+            self.add("mismatch", msg)
+            self.first.setdefault("mismatch_far", msg)
+
+
+def _sample_list(op, dtype, requires_grad):
+    torch.manual_seed(SEED)
+    return list(op.sample_inputs("cpu", dtype, requires_grad=requires_grad))
+
+
+def run_forward(op, dtype, max_samples=None):
+    strict, loose = tolerance(op, dtype)
+    tally = _Tally()
+    samples = _sample_list(op, dtype, False)
+    if max_samples:
+        samples = samples[:max_samples]
+    for i, s in enumerate(samples):
+        tally.counts["samples"] += 1
+        where = f"sample {i} ({describe(s)})"
+        probe = cpu_copy(s)
+        try:
+            tpu_parts, on_tpu = to_tpu(s, op.is_factory_function)
+        except Exception as e:
+            st, msg = classify_exception(e)
+            tally.add(st, _clip(f"{where}: moving to tpu: {msg}"))
+            continue
+        ref_parts = cpu_copy(s)
+        try:
+            expected = _call(op, ref_parts, SEED)
+        except Exception as e:
+            _cpu_failed(tally, e)
+            continue
+        try:
+            again = _call(op, probe, PROBE_SEED)
+            if not _same(expected, again):
+                tally.add("random")
+                continue
+        except Exception:
+            pass
+        try:
+            actual = _call(op, tpu_parts, SEED)
+            actual = s.output_process_fn_grad(actual)
+        except Exception as e:
+            st, msg = classify_exception(e)
+            tally.add(st, _clip(f"{msg} [{where}]"))
+            continue
+        expected = s.output_process_fn_grad(expected)
+        try:
+            compare(actual, expected, strict, on_tpu=on_tpu)
+        except Mismatch as m:
+            tally.mismatch(m, lambda: compare(actual, expected, loose, on_tpu=on_tpu), where)
+            continue
+        except Exception as e:  # comparing itself failed (reading the result back, say)
+            st, msg = classify_exception(e)
+            tally.add(st, _clip(f"comparing: {msg} [{where}]"))
+            continue
+        tally.add("passed")
+    out = tally.result()
+    out["tol_override"] = [strict.o_rtol, strict.o_atol]
+    return out
+
+
+def _diff_outputs(out):
+    return [t for _, t in _flatten(out, "", []) if isinstance(t, torch.Tensor) and t.requires_grad
+            and (t.is_floating_point() or t.is_complex())]
+
+
+def _grad_inputs(parts):
+    return [t for t in _leaves(list(parts), []) if t.requires_grad and t.is_leaf]
+
+
+def run_grad(op, max_samples=None):
+    """Compare gradients at float32 for a fixed random cotangent."""
+    dtype = torch.float32
+    strict, loose = tolerance(op, dtype, grad=True)
+    tally = _Tally()
+    samples = _sample_list(op, dtype, True)
+    if max_samples:
+        samples = samples[:max_samples]
+    for i, s in enumerate(samples):
+        tally.counts["samples"] += 1
+        where = f"sample {i} ({describe(s)})"
+        try:
+            tpu_parts, on_tpu = to_tpu(s, op.is_factory_function)
+        except Exception as e:
+            st, msg = classify_exception(e)
+            tally.add(st, _clip(f"{where}: moving to tpu: {msg}"))
+            continue
+        ref_parts = cpu_copy(s)
+        try:
+            expected = s.output_process_fn_grad(_call(op, ref_parts, SEED))
+            e_outs = _diff_outputs(expected)
+            e_ins = _grad_inputs(ref_parts)
+            if not e_outs or not e_ins:
+                tally.add("nondiff")  # nothing to differentiate: not compared
+                continue
+            gen = torch.Generator().manual_seed(1000 + i)
+            cots = [torch.randn(o.shape, generator=gen, dtype=o.dtype) for o in e_outs]
+            e_grads = torch.autograd.grad(e_outs, e_ins, cots, allow_unused=True)
+        except Exception as e:
+            _cpu_failed(tally, e)
+            continue
+        try:
+            with torch.no_grad():
+                again = _call(op, cpu_copy(s), PROBE_SEED)
+            if not _same(expected, s.output_process_fn_grad(again)):
+                tally.add("random")
+                continue
+        except Exception:
+            pass
+        try:
+            actual = s.output_process_fn_grad(_call(op, tpu_parts, SEED))
+            a_outs = _diff_outputs(actual)
+            a_ins = _grad_inputs(tpu_parts)
+            if len(a_outs) != len(e_outs) or len(a_ins) != len(e_ins):
+                tally.add("mismatch", _clip(
+                    f"grad: {len(a_outs)} differentiable outputs / {len(a_ins)} inputs on tpu vs "
+                    f"{len(e_outs)} / {len(e_ins)} on CPU [{where}]"))
+                continue
+            a_grads = torch.autograd.grad(a_outs, a_ins, [c.to("tpu") for c in cots], allow_unused=True)
+        except Exception as e:
+            st, msg = classify_exception(e)
+            tally.add(st, _clip(f"{msg} [{where}]"))
+            continue
+        def check(tol, a_grads=a_grads, e_grads=e_grads, e_ins=e_ins):
+            for k, (ag, eg, ei) in enumerate(zip(a_grads, e_grads, e_ins)):
+                if ag is None and eg is None:
+                    continue
+                if eg is None:
+                    eg = torch.zeros_like(ei)
+                if ag is None:
+                    ag = torch.zeros(ei.shape, dtype=ei.dtype, device="tpu")
+                compare(ag, eg, tol, what=f"grad of input {k}")
+
+        try:
+            check(strict)
+        except Mismatch as m:
+            tally.mismatch(m, lambda: check(loose), where)
+            continue
+        except Exception as e:
+            st, msg = classify_exception(e)
+            tally.add(st, _clip(f"comparing: {msg} [{where}]"))
+            continue
+        tally.add("passed")
+    out = tally.result()
+    out["tol_override"] = [strict.o_rtol, strict.o_atol]
+    return out
+
+
+def run_skipped(op, dtype, kind, max_samples=None):
+    """Random/uninitialized outputs: run on tpu and check only structure,
+    dtypes and shapes; reported as skipped whatever happens."""
+    tally = _Tally()
+    samples = _sample_list(op, dtype, False)
+    if max_samples:
+        samples = samples[:max_samples]
+    for i, s in enumerate(samples):
+        tally.counts["samples"] += 1
+        where = f"sample {i} ({describe(s)})"
+        try:
+            expected = _call(op, cpu_copy(s), SEED)
+        except Exception as e:
+            _cpu_failed(tally, e)
+            continue
+        try:
+            actual = _call(op, to_tpu(s, op.is_factory_function)[0], SEED)
+        except Exception as e:
+            st, msg = classify_exception(e)
+            tally.add(st, _clip(f"{msg} [{where}]"))
+            continue
+        a_flat, e_flat = _flatten(actual, "output", []), _flatten(expected, "output", [])
+        bad = None
+        if len(a_flat) != len(e_flat):
+            bad = f"{len(a_flat)} values vs {len(e_flat)}"
+        else:
+            for (path, a), (_, e) in zip(a_flat, e_flat):
+                if isinstance(e, torch.Tensor) and (not isinstance(a, torch.Tensor) or a.shape != e.shape
+                                                    or a.dtype != e.dtype or a.device.type != "tpu"):
+                    bad = f"{path}: {getattr(a, 'dtype', type(a))}{list(getattr(a, 'shape', []))} on " \
+                          f"{getattr(a, 'device', '?')} vs CPU {e.dtype}{list(e.shape)}"
+                    break
+        if bad:
+            tally.add("mismatch", _clip(f"{bad} [{where}]"))
+        else:
+            tally.add("passed")
+    r = tally.result()
+    ran = r["status"]
+    c = r["samples"]
+    return {"status": "skipped", "skip_reason": kind,
+            "message": f"{kind} output, not compared; on tpu: {ran}"
+                       + (f" ({r['message']})" if r.get("message") else "")
+                       + f", {c['passed']}/{c['samples']} samples ran with the CPU's shapes and dtypes",
+            "tpu_status": ran, "samples": c}
+
+
+def run_node(op, dtype_name, grad=True, max_samples=None):
+    """The result record of one (OpInfo, dtype) node: never raises."""
+    dtype = DTYPES[dtype_name]
+    t0 = time.time()
+    try:
+        kind = random_kind(op)
+        if kind:
+            rec = run_skipped(op, dtype, kind, max_samples)
+        else:
+            rec = run_forward(op, dtype, max_samples)
+            notes = compare_cpu_notes(op, dtype)
+            if notes and rec["status"] not in ("pass", "skipped"):
+                rec["pytorch_notes"] = notes
+            if grad and dtype is torch.float32 and op.supports_autograd:
+                g = run_grad(op, max_samples)
+                g["seconds"] = round(time.time() - t0, 2)
+                rec["grad"] = g
+    except Exception as e:  # building samples or classifying failed: the harness's or PyTorch's problem
+        rec = {"status": "error", "message": _clip(f"harness: {type(e).__name__}: {_first_line(e)}"),
+               "traceback": traceback.format_exc()[-2000:]}
+    rec["seconds"] = round(time.time() - t0, 2)
+    return rec

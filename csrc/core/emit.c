@@ -671,3 +671,84 @@ tp_val em_scatter_flat(tp_emit *e, tp_val x1d, tp_val index, tp_val upd, const c
             e->types[index].rank, tx, ti, tu, tx);
   return v;
 }
+
+/* ---- structured while loop ------------------------------------------------ */
+
+/* Print "^bb0(%vA: T, ...):" for fresh block arguments typed like vals[]. */
+static int block_args(tp_emit *e, const tp_val *like, int n, tp_val *args) {
+  char tb[256];
+  sbuf *o = &e->body;
+  sb_printf(o, "    ^bb0(");
+  for (int i = 0; i < n; i++) {
+    tp_type t = e->types[like[i]];
+    args[i] = new_val(e, &t);
+    if (args[i] < 0) return -1;
+    sb_printf(o, "%s%%v%d: %s", i ? ", " : "", args[i], tp_type_str(&t, tb, sizeof tb));
+  }
+  sb_printf(o, "):\n");
+  return 0;
+}
+
+int em_while_begin(tp_emit *e, em_loop *L, const tp_val *init, int n, tp_val *args) {
+  memset(L, 0, sizeof *L);
+  L->res = -1;
+  if (n < 1 || n > EM_LOOP_MAX) {
+    em_fail(e, TP_INTERNAL, "while loop with %d carried values (1..%d)", n, EM_LOOP_MAX);
+    return -1;
+  }
+  for (int i = 0; i < n; i++)
+    if (bad(e, init[i])) return -1;
+  L->n = n;
+  memcpy(L->init, init, sizeof(tp_val) * (size_t)n);
+  tp_type st = tp_type_make(TP_BOOL, 0, NULL);
+  L->res = new_val(e, &st); /* reserves the id used as %r<res> */
+  if (L->res < 0) return -1;
+  sbuf *o = &e->body;
+  sb_printf(o, "    %%r%d:%d = \"stablehlo.while\"(", L->res, n);
+  for (int i = 0; i < n; i++) sb_printf(o, "%s%%v%d", i ? ", " : "", init[i]);
+  sb_printf(o, ") ({\n");
+  return block_args(e, init, n, args);
+}
+
+int em_while_body(tp_emit *e, em_loop *L, tp_val pred, tp_val *args) {
+  if (L->res < 0 || bad(e, pred)) return -1;
+  const tp_type *pt = &e->types[pred];
+  if (pt->dt != TP_BOOL || pt->rank != 0) {
+    em_fail(e, TP_INTERNAL, "while loop condition must be a rank-0 bool");
+    return -1;
+  }
+  sb_printf(&e->body, "      \"stablehlo.return\"(%%v%d) : (tensor<i1>) -> ()\n    }, {\n", pred);
+  return block_args(e, L->init, L->n, args);
+}
+
+int em_while_end(tp_emit *e, em_loop *L, const tp_val *next, tp_val *outs) {
+  if (L->res < 0) return -1;
+  for (int i = 0; i < L->n; i++) {
+    if (bad(e, next[i])) return -1;
+    const tp_type *a = &e->types[next[i]], *b = &e->types[L->init[i]];
+    if (a->dt != b->dt || a->rank != b->rank || memcmp(a->dims, b->dims, sizeof(int64_t) * (size_t)a->rank)) {
+      em_fail(e, TP_INTERNAL, "while loop value %d changes type in the body", i);
+      return -1;
+    }
+  }
+  sbuf *o = &e->body;
+  sb_printf(o, "      \"stablehlo.return\"(");
+  for (int i = 0; i < L->n; i++) sb_printf(o, "%s%%v%d", i ? ", " : "", next[i]);
+  sb_printf(o, ") : (");
+  put_types(o, e, L->init, L->n);
+  sb_printf(o, ") -> ()\n    }) : (");
+  put_types(o, e, L->init, L->n);
+  sb_printf(o, ") -> (");
+  put_types(o, e, L->init, L->n);
+  sb_printf(o, ")\n");
+  /* Name the results as ordinary values (MLIR has no aliasing in text form). */
+  char tb[256];
+  for (int i = 0; i < L->n; i++) {
+    tp_type t = e->types[L->init[i]];
+    outs[i] = new_val(e, &t);
+    if (outs[i] < 0) return -1;
+    tp_type_str(&t, tb, sizeof tb);
+    sb_printf(o, "    %%v%d = \"stablehlo.reshape\"(%%r%d#%d) : (%s) -> %s\n", outs[i], L->res, i, tb, tb);
+  }
+  return 0;
+}

@@ -103,6 +103,24 @@ tp_val em_gather_flat(tp_emit *e, tp_val x1d, tp_val index);
 /* x1d with x1d[index[i]] = upd[i] (replace; later duplicates win arbitrarily). */
 tp_val em_scatter_flat(tp_emit *e, tp_val x1d, tp_val index, tp_val upd, const char *combine);
 
+/* ---- structured while loop ------------------------------------------------------ */
+/* A stablehlo.while carrying n values (1..EM_LOOP_MAX):
+ *   tp_val a[k], b[k], out[k]; em_loop L;
+ *   em_while_begin(e, &L, init, k, a);  -- emit the condition from a[] ...
+ *   em_while_body(e, &L, pred, b);      -- pred: rank-0 bool; emit the body from b[] ...
+ *   em_while_end(e, &L, next, out);     -- next[i] typed like init[i]; out[] are the results
+ * Values from outside the loop may be used inside it; values made inside one
+ * region must not be used outside it.  Each call returns 0, or -1 after em_fail. */
+#define EM_LOOP_MAX 16
+typedef struct em_loop {
+  int n;
+  tp_val res;
+  tp_val init[EM_LOOP_MAX];
+} em_loop;
+int em_while_begin(tp_emit *e, em_loop *L, const tp_val *init, int n, tp_val *args);
+int em_while_body(tp_emit *e, em_loop *L, tp_val pred, tp_val *args);
+int em_while_end(tp_emit *e, em_loop *L, const tp_val *next, tp_val *outs);
+
 #ifdef __cplusplus
 }
 #endif

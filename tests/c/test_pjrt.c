@@ -11,6 +11,7 @@
 
 #include "ctest.h"
 #include "dtype.h"
+#include "emit.h"
 #include "pjrt.h"
 #include "status.h"
 
@@ -548,6 +549,51 @@ TEST(test_threads) {
   tp_exec_free(g_thread_exec);
 }
 
+/* ---- emitter: structured while loop ----------------------------------------- */
+
+/* for (i = 0; i < 4; i++) acc = acc * 2 + x;  with x from outside the loop. */
+TEST(test_emit_while) {
+  tp_emit *e = em_new();
+  tp_type t = tp_type_make(TP_F32, 2, k2x3);
+  tp_val x = em_param(e, &t);
+  tp_val init[2] = {em_const_i(e, 0, TP_I64), em_full(e, 1.0, &t)};
+  tp_val a[2], b[2], next[2], out[2];
+  em_loop L;
+  CHECK(em_while_begin(e, &L, init, 2, a) == 0);
+  tp_val pred = em_compare(e, "LT", a[0], em_const_i(e, 4, TP_I64));
+  CHECK(em_while_body(e, &L, pred, b) == 0);
+  next[0] = em_binary(e, "stablehlo.add", b[0], em_const_i(e, 1, TP_I64));
+  next[1] = em_binary(e, "stablehlo.add", em_binary(e, "stablehlo.multiply", b[1], em_full(e, 2.0, &t)), x);
+  CHECK(em_while_end(e, &L, next, out) == 0);
+  const char *text = em_finish(e, &out[1], 1);
+  CHECK(text != NULL);
+  tp_exec *ex = text ? compile(text) : NULL;
+  if (ex) {
+    tp_buffer *xb = make_f32(0, kA, k2x3, 2);
+    tp_buffer *o[1] = {NULL};
+    CHECK_OK(tp_execute(ex, 0, &xb, 1, 0, o, 1));
+    float r[6] = {0};
+    if (o[0]) CHECK_OK(tp_buffer_to_host(o[0], r, sizeof r));
+    for (int i = 0; i < 6; i++) CHECK(r[i] == 16.0f + 15.0f * kA[i]);
+    tp_buffer_free(o[0]);
+    tp_buffer_free(xb);
+    tp_exec_free(ex);
+  }
+  /* A body that changes a carried value's type is refused with a message. */
+  tp_emit *e2 = em_new();
+  tp_val i0 = em_const_i(e2, 0, TP_I64), c[1], d[1], o2[1];
+  em_loop L2;
+  em_while_begin(e2, &L2, &i0, 1, c);
+  em_while_body(e2, &L2, em_compare(e2, "LT", c[0], em_const_i(e2, 4, TP_I64)), d);
+  tp_val wrong = em_const(e2, 1.0, TP_F32);
+  CHECK(em_while_end(e2, &L2, &wrong, o2) == -1);
+  tp_status *st = em_take_error(e2);
+  CHECK(st && strstr(tp_status_message(st), "changes type"));
+  tp_status_free(st);
+  em_free(e2);
+  em_free(e);
+}
+
 int main(void) {
   RUN(test_status);
   RUN(test_dtype);
@@ -583,6 +629,7 @@ int main(void) {
   RUN(test_invalid_programs);
   RUN(test_serialize_round_trip);
   RUN(test_threads);
+  RUN(test_emit_while);
   tp_plugin_destroy(P);
   return ctest_finish();
 }

@@ -31,8 +31,8 @@ import torch
 import torch.nn.functional as F
 
 import torch_pjrt  # noqa: F401
-from torch_pjrt import _C, _dispatch
-from util import check, to_tpu
+from torch_pjrt import _C
+from util import check, lowered, to_tpu
 
 A = torch.ops.aten
 NAN, INF = float("nan"), float("inf")
@@ -78,20 +78,6 @@ def same(fn, *args, **kw):
                 r.cpu()
         return None
     return check(fn, *args, **kw)
-
-
-class Recorder:
-    """Records the op names the dispatcher hands to the C core."""
-
-    def __init__(self, monkeypatch):
-        self.names = []
-        orig = _dispatch._C.run
-
-        def run(name, *a, **k):
-            self.names.append(name)
-            return orig(name, *a, **k)
-
-        monkeypatch.setattr(_dispatch._C, "run", run)
 
 
 # ---- the table: every entry is registered and reached ----------------------------------
@@ -235,11 +221,11 @@ def test_every_entry_is_registered_and_covered():
 
 
 @pytest.mark.parametrize("name", sorted(REACH))
-def test_eager_reaches_rule(name, monkeypatch):
-    rec = Recorder(monkeypatch)
-    out = REACH[name]()
-    out.cpu()
-    assert name in rec.names, f"{name} not lowered by its rule (ran {rec.names})"
+def test_eager_reaches_rule(name):
+    with lowered() as names:
+        out = REACH[name]()
+        out.cpu()
+    assert name in names, f"{name} not lowered by its rule (ran {sorted(names)})"
 
 
 # ---- binary arithmetic: every dtype, every special-value pair ------------------------------

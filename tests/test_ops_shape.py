@@ -2,14 +2,13 @@
 PyTorch on CPU: cat/stack, padding, flip/roll/repeat, tril/triu, gathers and
 scatters, advanced indexing and index_put, index_* ops, masked_scatter,
 embedding, the *_scatter ops and the range factories."""
-import contextlib
 import functools
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from util import assert_close, check
+from util import assert_close, check, lowered
 
 aten = torch.ops.aten
 
@@ -80,25 +79,6 @@ def route_composite_ops():
         lib.impl(name, functools.partial(_dispatch._fallback, op), "PrivateUse1")
     yield
     lib._destroy()
-
-
-@contextlib.contextmanager
-def lowered():
-    """Collect the lowering rules that run inside the block."""
-    from torch_pjrt import _dispatch
-
-    names = set()
-    orig = _dispatch._Handler.__call__
-
-    def spy(self, args, kwargs):
-        names.add(self.lowering)
-        return orig(self, args, kwargs)
-
-    _dispatch._Handler.__call__ = spy
-    try:
-        yield names
-    finally:
-        _dispatch._Handler.__call__ = orig
 
 
 def check_rule(rule, fn, *args, **kw):

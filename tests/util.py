@@ -1,4 +1,6 @@
 """Compare ops on "tpu" against PyTorch on CPU."""
+import contextlib
+
 import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
@@ -58,3 +60,30 @@ def check(fn, *args, grad=False, rtol=None, atol=None, **kwargs):
                 assert t.grad is not None, "no gradient reached the tpu input"
                 assert_close(t.grad, c.grad, rtol, atol, msg="grad")
     return actual
+
+
+@contextlib.contextmanager
+def lowered():
+    """Collect the names of the lowering rules the C core runs inside the
+    block, through either entry: _C.run (the Python handler) or _C.fast_call
+    (the C fast path)."""
+    from torch_pjrt import _C
+
+    names = set()
+    run, fast_call = _C.run, _C.fast_call
+
+    def spy_run(name, *a, **k):
+        names.add(name)
+        return run(name, *a, **k)
+
+    def spy_fast(plan, args):
+        r = fast_call(plan, args)
+        if r is not NotImplemented:
+            names.add(plan[0])
+        return r
+
+    _C.run, _C.fast_call = spy_run, spy_fast
+    try:
+        yield names
+    finally:
+        _C.run, _C.fast_call = run, fast_call

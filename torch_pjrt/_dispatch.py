@@ -229,6 +229,14 @@ class _Handler:
             if a.alias_info is not None and a.alias_info.is_write] or list(_MUTATES.get(self.name, ()))
         # Tensor?[] index lists may hold CPU tensors (PyTorch moves them).
         self.index_lists = [i for i, a in enumerate(self.args_schema) if str(a.type) == "List[Optional[Tensor]]"]
+        # The C fast path (_C.fast_call) serves plain calls whose output specs
+        # are in meta_cache; it returns NotImplemented for anything else.
+        self.plan = None
+        if (self.lowering is not None and not self.is_out and not self.index_lists and not self.mutated_idx
+                and self.all_functional and len(self.args_schema) <= 24):
+            self.plan = (self.lowering, tuple(self.defaults), bytes(self.number_is_scalar),
+                         self.numbers_by_value, self.meta_cache, CODE, torch.empty_strided, _DEVICES,
+                         self.is_inplace, torch._C.TensorBase, torch.dtype)
 
     def _functional_for_out(self):
         """The functional overload an out= overload computes, if it has a lowering."""
@@ -623,8 +631,26 @@ def install():
     _fallback_lib = lib
     impl = torch.library.Library("aten", "IMPL")
     for op in _direct_ops():
-        impl.impl(op, functools.partial(_fallback, op), "PrivateUse1")
+        impl.impl(op, _kernel(op), "PrivateUse1")
     _impl_lib = impl
+
+
+def _kernel(op):
+    """The PrivateUse1 kernel of a directly registered op: the C fast path
+    when the handler allows it, else the fallback."""
+    h = _handler(op)
+    plan = h.plan
+    if plan is None:
+        return functools.partial(_fallback, op)
+
+    def kernel(*args, **kwargs):
+        if not kwargs:
+            r = _C.fast_call(plan, args)
+            if r is not NotImplemented:
+                return r
+        return h(args, kwargs)
+
+    return kernel
 
 
 def _direct_ops():

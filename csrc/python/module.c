@@ -632,11 +632,262 @@ static PyObject *py_clear_cache(PyObject *self, PyObject *unused) {
   Py_RETURN_NONE;
 }
 
+
+/* ---- the eager fast path ----------------------------------------------------
+ * fast_call(plan, args) runs one op whose output specs the Python handler
+ * has already cached, without building the tuple encoding above: it reads
+ * the tensors' metadata, looks the meta-cache key up, allocates the outputs
+ * and calls the engine.  Anything unusual (keyword or CPU tensor arguments,
+ * tensor lists, a meta-cache miss, zero-size tensors, mixed devices) returns
+ * NotImplemented and the Python handler (torch_pjrt/_dispatch.py), which
+ * owns the semantics, runs the op instead.  The key built here must equal
+ * _Handler._encode_and_key's.
+ *
+ * plan = (lowering, defaults, number_is_scalar: bytes, by_value, meta_cache,
+ *         dtype_codes, empty_strided, devices, inplace, TensorBase, dtype type)
+ */
+#define FAST_MAX_ARGS 24
+#define FAST_MAX_INTS 64
+
+static PyObject *s_get_device, *s_shape, *s_stride, *s_dtype, *s_storage_offset, *s_data_ptr, *s_numel,
+    *s_kwnames;
+
+static int fast_init_names(void) {
+  if (s_kwnames) return 0;
+  s_get_device = PyUnicode_InternFromString("get_device");
+  s_shape = PyUnicode_InternFromString("shape");
+  s_stride = PyUnicode_InternFromString("stride");
+  s_dtype = PyUnicode_InternFromString("dtype");
+  s_storage_offset = PyUnicode_InternFromString("storage_offset");
+  s_data_ptr = PyUnicode_InternFromString("data_ptr");
+  s_numel = PyUnicode_InternFromString("numel");
+  s_kwnames = Py_BuildValue("(ss)", "dtype", "device");
+  return s_kwnames ? 0 : -1;
+}
+
+static int64_t call_i64(PyObject *o, PyObject *name) {
+  PyObject *r = PyObject_CallMethodNoArgs(o, name);
+  if (!r) return INT64_MIN;
+  int64_t v = PyLong_AsLongLong(r);
+  Py_DECREF(r);
+  return (v == -1 && PyErr_Occurred()) ? INT64_MIN : v;
+}
+
+/* Fill r from a tpu tensor; 1 on success, 0 to fall back, -1 on error.
+ * *key gets (shape, stride, dtype) like the Python key. */
+static int fast_tensor(PyObject *v, PyObject *codes, int *device, tp_tensor_ref *r, PyObject **key) {
+  int64_t dev = call_i64(v, s_get_device);
+  if (dev == INT64_MIN) return -1;
+  if (dev < 0 || (*device >= 0 && dev != *device)) return 0; /* CPU tensor or mixed devices */
+  *device = (int)dev;
+  PyObject *shape = PyObject_GetAttr(v, s_shape), *stride = PyObject_CallMethodNoArgs(v, s_stride),
+           *dtype = PyObject_GetAttr(v, s_dtype);
+  int ok = -1;
+  if (!shape || !stride || !dtype) goto done;
+  ok = 0;
+  PyObject *code = PyDict_GetItemWithError(codes, dtype);
+  if (!code || !PyTuple_Check(shape) || !PyTuple_Check(stride)) goto done;
+  memset(r, 0, sizeof *r);
+  r->dt = (tp_dtype)PyLong_AsLong(code);
+  Py_ssize_t rank = PyTuple_GET_SIZE(shape);
+  if (rank > TP_MAX_RANK || PyTuple_GET_SIZE(stride) != rank) goto done;
+  r->rank = (int)rank;
+  int64_t numel = 1;
+  for (Py_ssize_t i = 0; i < rank; i++) {
+    r->sizes[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(shape, i));
+    r->strides[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(stride, i));
+    numel *= r->sizes[i];
+  }
+  if (PyErr_Occurred()) {
+    ok = -1;
+    goto done;
+  }
+  if (numel == 0) goto done; /* data_ptr() is NULL: the slow path asks the storage */
+  int64_t off = call_i64(v, s_storage_offset), ptr = off == INT64_MIN ? 0 : call_i64(v, s_data_ptr);
+  if (off == INT64_MIN || ptr == INT64_MIN) {
+    ok = -1;
+    goto done;
+  }
+  size_t es = tp_dtype_size(r->dt);
+  if (!es || !tp_dtype_mlir(r->dt)) goto done;
+  r->offset = off;
+  r->st = (tp_storage *)(intptr_t)(ptr - off * (int64_t)es);
+  *key = PyTuple_Pack(3, shape, stride, dtype);
+  ok = *key ? 1 : -1;
+done:
+  Py_XDECREF(shape);
+  Py_XDECREF(stride);
+  Py_XDECREF(dtype);
+  return ok;
+}
+
+static void fast_scalar(PyObject *v, tp_arg *a) {
+  a->kind = TP_ARG_SCALAR;
+  a->wrapped = 1;
+  if (PyFloat_CheckExact(v)) {
+    a->sdt = (tp_dtype)7;
+    a->f = PyFloat_AS_DOUBLE(v);
+    a->i = (int64_t)a->f;
+  } else {
+    a->sdt = (tp_dtype)(PyBool_Check(v) ? 11 : 4);
+    a->i = PyLong_AsLongLong(v);
+    a->f = (double)a->i;
+  }
+}
+
+static PyObject *py_fast_call(PyObject *self, PyObject *const *fa, Py_ssize_t nfa) {
+  (void)self;
+  if (nfa != 2 || !PyTuple_Check(fa[0]) || PyTuple_GET_SIZE(fa[0]) != 11 || !PyTuple_Check(fa[1])) {
+    PyErr_SetString(PyExc_TypeError, "internal: fast_call(plan, args)");
+    return NULL;
+  }
+  if (fast_init_names() < 0) return NULL;
+  PyObject *plan = fa[0], *args = fa[1];
+  PyObject *lowering = PyTuple_GET_ITEM(plan, 0), *defaults = PyTuple_GET_ITEM(plan, 1),
+           *is_num = PyTuple_GET_ITEM(plan, 2), *meta_cache = PyTuple_GET_ITEM(plan, 4),
+           *codes = PyTuple_GET_ITEM(plan, 5), *empty_strided = PyTuple_GET_ITEM(plan, 6),
+           *devices = PyTuple_GET_ITEM(plan, 7), *tensor_type = PyTuple_GET_ITEM(plan, 9),
+           *dtype_type = PyTuple_GET_ITEM(plan, 10);
+  int by_value = PyTuple_GET_ITEM(plan, 3) == Py_True, inplace = PyTuple_GET_ITEM(plan, 8) == Py_True;
+  if (!PyUnicode_Check(lowering) || !PyTuple_Check(defaults) || !PyBytes_Check(is_num) || !PyDict_Check(meta_cache) ||
+      !PyDict_Check(codes) || !PyDict_Check(devices) || !PyType_Check(tensor_type) || !PyType_Check(dtype_type)) {
+    PyErr_SetString(PyExc_TypeError, "internal: malformed fast-path plan");
+    return NULL;
+  }
+  Py_ssize_t nschema = PyTuple_GET_SIZE(defaults), nargs = PyTuple_GET_SIZE(args);
+  if (nargs > nschema || nschema > FAST_MAX_ARGS || PyBytes_GET_SIZE(is_num) != nschema) Py_RETURN_NOTIMPLEMENTED;
+  const char *num = PyBytes_AS_STRING(is_num);
+  tp_eager_arg ea[FAST_MAX_ARGS];
+  tp_tensor_ref refs[FAST_MAX_ARGS + 8];
+  int64_t ints[FAST_MAX_INTS];
+  int nrefs = 0, nints = 0, device = -1;
+  PyObject *key = PyTuple_New(nschema), *ret = NULL, *outs = NULL;
+  if (!key) return NULL;
+  memset(ea, 0, sizeof(tp_eager_arg) * (size_t)nschema);
+  for (Py_ssize_t i = 0; i < nschema; i++) {
+    PyObject *v = i < nargs ? PyTuple_GET_ITEM(args, i) : PyTuple_GET_ITEM(defaults, i), *k = NULL;
+    tp_arg *a = &ea[i].a;
+    if (PyObject_TypeCheck(v, (PyTypeObject *)tensor_type)) {
+      int r = fast_tensor(v, codes, &device, &refs[nrefs], &k);
+      if (r <= 0) goto bail;
+      a->kind = TP_ARG_TENSOR;
+      ea[i].t = &refs[nrefs++];
+    } else if (num[i] && (PyFloat_CheckExact(v) || PyLong_CheckExact(v) || PyBool_Check(v))) {
+      fast_scalar(v, a);
+      if (PyErr_Occurred()) goto bail; /* an int beyond int64 */
+      k = Py_NewRef(by_value ? v : (PyObject *)Py_TYPE(v));
+    } else if (v == Py_None) {
+      a->kind = TP_ARG_NONE;
+      k = Py_NewRef(v);
+    } else if (PyBool_Check(v)) {
+      a->kind = TP_ARG_BOOL;
+      a->i = v == Py_True;
+      k = Py_NewRef(v);
+    } else if (PyLong_CheckExact(v)) {
+      a->kind = TP_ARG_INT;
+      a->i = PyLong_AsLongLong(v);
+      if (PyErr_Occurred()) goto bail;
+      k = Py_NewRef(v);
+    } else if (PyFloat_CheckExact(v)) {
+      a->kind = TP_ARG_FLOAT;
+      a->f = PyFloat_AS_DOUBLE(v);
+      k = Py_NewRef(v);
+    } else if (PyUnicode_Check(v)) {
+      a->kind = TP_ARG_STR;
+      a->s = PyUnicode_AsUTF8(v);
+      if (!a->s) goto bail;
+      k = Py_NewRef(v);
+    } else if (PyList_Check(v) || PyTuple_Check(v)) {
+      Py_ssize_t n = PySequence_Fast_GET_SIZE(v);
+      if (nints + n > FAST_MAX_INTS) goto bail;
+      a->kind = TP_ARG_INTS;
+      a->n = (int)n;
+      a->ints = &ints[nints];
+      for (Py_ssize_t j = 0; j < n; j++) {
+        PyObject *x = PySequence_Fast_GET_ITEM(v, j);
+        if (!PyLong_Check(x)) goto bail; /* tensor lists, float lists, None: slow path */
+        ints[nints++] = PyLong_AsLongLong(x);
+        if (PyErr_Occurred()) goto bail;
+      }
+      k = PyList_Check(v) ? PyList_AsTuple(v) : Py_NewRef(v);
+      if (!k) goto bail;
+    } else if (Py_TYPE(v) == (PyTypeObject *)dtype_type) {
+      PyObject *code = PyDict_GetItemWithError(codes, v);
+      if (!code) goto bail;
+      a->kind = TP_ARG_INT;
+      a->i = PyLong_AsLongLong(code);
+      k = Py_NewRef(v);
+    } else {
+      goto bail; /* devices, layouts, memory formats, generators */
+    }
+    PyTuple_SET_ITEM(key, i, k);
+  }
+  if (device < 0) goto bail;
+  PyObject *spec = PyDict_GetItemWithError(meta_cache, key);
+  if (!spec || !PyTuple_Check(spec) || PyTuple_GET_SIZE(spec) != 2) goto bail;
+  int multi = PyTuple_GET_ITEM(spec, 0) == Py_True;
+  PyObject *specs = PyTuple_GET_ITEM(spec, 1);
+  if (!PyTuple_Check(specs) || PyTuple_GET_SIZE(specs) > 8) goto bail;
+  Py_ssize_t nouts = PyTuple_GET_SIZE(specs);
+  tp_tensor_ref *orefs = &refs[nrefs];
+  int norefs = 0;
+  if (inplace) {
+    if (ea[0].a.kind != TP_ARG_TENSOR) goto bail;
+    orefs[norefs++] = *ea[0].t;
+    outs = Py_NewRef(nargs > 0 ? PyTuple_GET_ITEM(args, 0) : Py_None);
+  } else {
+    PyObject *dkey = PyLong_FromLong(device);
+    if (!dkey) goto bail;
+    PyObject *pydev = PyDict_GetItemWithError(devices, dkey);
+    Py_DECREF(dkey);
+    if (!pydev) goto bail;
+    outs = PyTuple_New(nouts);
+    if (!outs) goto bail;
+    for (Py_ssize_t j = 0; j < nouts; j++) {
+      PyObject *m = PyTuple_GET_ITEM(specs, j), *o;
+      if (m == Py_None) {
+        PyTuple_SET_ITEM(outs, j, Py_NewRef(Py_None));
+        continue;
+      }
+      if (!PyTuple_Check(m) || PyTuple_GET_SIZE(m) != 3) goto bail;
+      PyObject *argv[5] = {NULL, PyTuple_GET_ITEM(m, 0), PyTuple_GET_ITEM(m, 1), PyTuple_GET_ITEM(m, 2), pydev};
+      o = PyObject_Vectorcall(empty_strided, argv + 1, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, s_kwnames);
+      if (!o) goto bail;
+      PyTuple_SET_ITEM(outs, j, o);
+      PyObject *ok = NULL;
+      int r = fast_tensor(o, codes, &device, &orefs[norefs], &ok);
+      Py_XDECREF(ok);
+      if (r <= 0) goto bail;
+      norefs++;
+    }
+  }
+  tp_status *st;
+  Py_BEGIN_ALLOW_THREADS st = tp_eager_run(PyUnicode_AsUTF8(lowering), ea, (int)nschema, NULL, orefs, norefs);
+  Py_END_ALLOW_THREADS if (st) {
+    raise_status(st);
+    goto done;
+  }
+  if (inplace || multi) {
+    ret = outs;
+    outs = NULL;
+  } else {
+    ret = Py_NewRef(PyTuple_GET_ITEM(outs, 0));
+  }
+  goto done;
+bail:
+  if (!PyErr_Occurred()) ret = Py_NewRef(Py_NotImplemented);
+done:
+  Py_XDECREF(outs);
+  Py_DECREF(key);
+  return ret;
+}
+
 static PyMethodDef methods[] = {
     {"init", py_init, METH_VARARGS, "init(plugin_path, cpu_device_count): open the PJRT plugin"},
     {"info", py_info, METH_NOARGS, "plugin facts: path, platform, versions, device kind"},
     {"device_count", py_device_count, METH_NOARGS, "number of devices (0 before init)"},
     {"run", py_run, METH_VARARGS, "run(op, args, out_types, outs): run one op"},
+    {"fast_call", (PyCFunction)(void (*)(void))py_fast_call, METH_FASTCALL, "fast_call(plan, args): run a cached op, or NotImplemented"},
     {"graph_new", py_graph_new, METH_VARARGS, "graph_new(input_types) -> id"},
     {"graph_add", py_graph_add, METH_VARARGS, "graph_add(id, op, args, out_types) -> first output value id"},
     {"graph_outputs", py_graph_outputs, METH_VARARGS, "graph_outputs(id, value_ids)"},

@@ -112,6 +112,11 @@ class GraphProgram:
         self.gid = _C.graph_new(types)
         self.outputs = []  # per graph output: ("v", k) k-th program output | ("in", i) | ("none",)
         self.out_specs = []
+        # Inputs the graph mutates (copy_ into a placeholder, kept in the graph
+        # by keep_inference_input_mutations): input index -> new value id.  The
+        # program writes them as extra outputs straight into the input's
+        # storage (its buffer donated), instead of a copy_ per input afterwards.
+        self.mutations = {}
         try:
             for n in graph.nodes:
                 if n.op == "call_function":
@@ -159,6 +164,11 @@ class GraphProgram:
             return
         if not isinstance(n.target, torch._ops.OpOverload):
             raise Unsupported(f"call to {n.target}")
+        if n.target is torch.ops.aten.copy_.default and getattr(n.args[0], "op", None) == "placeholder":
+            vid = self._add_op(torch.ops.aten.copy.default, n.args, n.kwargs, n.meta.get("val"), values)
+            self.mutations[values[n.args[0]]] = vid
+            values[n] = vid
+            return
         if _qualname(n.target).startswith("aten::_foreach_"):
             values[n] = self._add_foreach(n, values)
             return
@@ -232,7 +242,8 @@ class GraphProgram:
             self.outputs.append(("v", len(prog)))
             prog.append(vid)
             self.out_specs.append((tuple(val.shape), tuple(val.stride()), val.dtype))
-        _C.graph_outputs(self.gid, prog)
+        self.mut_inputs = list(self.mutations)
+        _C.graph_outputs(self.gid, prog + [self.mutations[i] for i in self.mut_inputs])
 
     def __call__(self, *args):
         inputs = list(args) + self.consts
@@ -251,8 +262,19 @@ class GraphProgram:
                 keep.append(t)
             refs.append(_ref(t))
         outs = [torch.empty_strided(s, st, dtype=dt, device=dev) for s, st, dt in self.out_specs]
-        if outs:
-            _C.run("tp::graph", (self.gid, *refs), None, tuple(_ref(o) for o in outs))
+        out_refs = [_ref(o) for o in outs]
+        host_updates = []  # mutated inputs not on the device (CPU step counters)
+        for i in self.mut_inputs:
+            t = inputs[i]
+            if t.device != dev:
+                tmp = torch.empty_like(t, device=dev)
+                host_updates.append((t, tmp))
+                t = tmp
+            out_refs.append(_ref(t))
+        if out_refs:
+            _C.run("tp::graph", (self.gid, *refs), None, tuple(out_refs))
+        for t, tmp in host_updates:
+            t.copy_(tmp)
         result = []
         for kind in self.outputs:
             if kind[0] == "v":
@@ -337,7 +359,7 @@ def tpu_backend(gm, example_inputs, **kwargs):
     names = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
     _note_compile(name, list(zip(names, example_inputs)))
     backend = aot_autograd(fw_compiler=_compile_graph, bw_compiler=_compile_graph,
-                           decompositions=_decompositions(), keep_inference_input_mutations=False)
+                           decompositions=_decompositions(), keep_inference_input_mutations=True)
     return backend(gm, example_inputs, **kwargs)
 
 

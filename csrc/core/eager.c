@@ -82,6 +82,7 @@ typedef struct entry {
   param_src *params;
   int nres;
   int *res_storage; /* result j replaces the buffer of storage res_storage[j] */
+  uint64_t donate;  /* bit i: parameter i's buffer is donated to its result */
   uint64_t rng_count;
 } entry;
 
@@ -747,8 +748,18 @@ static tp_status *build_entry(tp_plugin *p, tp_lower_ctx *c, const char *op, tp_
     st = tp_error(TP_RESOURCE_EXHAUSTED, "out of host memory");
     goto done;
   }
+  /* A storage the op reads and writes (in-place ops, outputs that are
+   * views): its old buffer is donated to the new one, so XLA may update it
+   * in place instead of allocating. */
   for (int s = 0; s < c->nst; s++)
     if (c->st_cur[s] >= 0) {
+      for (int p = 0; p < c->nparams && p < 64; p++)
+        if (c->params[p].kind == SRC_STORAGE && c->params[p].idx == s &&
+            tp_type_numel(em_type(e, c->st_param[s])) == tp_type_numel(em_type(e, c->st_cur[s])) &&
+            em_type(e, c->st_param[s])->dt == em_type(e, c->st_cur[s])->dt) {
+          em_param_alias(e, p, nres);
+          en->donate |= (uint64_t)1 << p;
+        }
       res[nres] = c->st_cur[s];
       en->res_storage[nres++] = s;
     }
@@ -920,7 +931,7 @@ static tp_status *run_locked(tp_plugin *p, tp_lower_ctx *c, const char *op, cons
       if (!st && ntmp < 256) tmp[ntmp++] = in[i];
     }
   }
-  if (!st) st = tp_execute(en->exec, device, in, en->nparams, 0, ob, en->nres);
+  if (!st) st = tp_execute(en->exec, device, in, en->nparams, en->donate, ob, en->nres);
   if (!st) {
     g_stats.executions++;
     for (int j = 0; j < en->nres; j++) tp_storage_set_buffer(c->st[en->res_storage[j]], ob[j]);

@@ -54,6 +54,7 @@ struct tp_emit {
   tp_type *types; /* indexed by value id */
   int nvals, capvals;
   tp_val *params;
+  int *param_alias; /* per parameter: the result it may be donated to, or -1 */
   int nparams, capparams;
   sbuf body;
   sbuf module;
@@ -89,6 +90,7 @@ void em_free(tp_emit *e) {
   if (!e) return;
   free(e->types);
   free(e->params);
+  free(e->param_alias);
   free(e->body.p);
   free(e->module.p);
   tp_status_free(e->err);
@@ -151,13 +153,30 @@ tp_val em_param(tp_emit *e, const tp_type *t) {
     tp_val *np = realloc(e->params, sizeof(tp_val) * (size_t)nc);
     if (!np) return em_fail(e, TP_RESOURCE_EXHAUSTED, "out of memory building a program");
     e->params = np;
+    int *na = realloc(e->param_alias, sizeof(int) * (size_t)nc);
+    if (!na) return em_fail(e, TP_RESOURCE_EXHAUSTED, "out of memory building a program");
+    e->param_alias = na;
     e->capparams = nc;
   }
+  e->param_alias[e->nparams] = -1;
   e->params[e->nparams++] = v;
   return v;
 }
 
+int em_param_alias(tp_emit *e, int param, int result) {
+  if (em_failed(e) || param < 0 || param >= e->nparams || result < 0) return -1;
+  e->param_alias[param] = result;
+  return 0;
+}
+
 int em_num_params(const tp_emit *e) { return e->nparams; }
+
+static int same_type(const tp_type *a, const tp_type *b) {
+  if (a->dt != b->dt || a->rank != b->rank) return 0;
+  for (int i = 0; i < a->rank; i++)
+    if (a->dims[i] != b->dims[i]) return 0;
+  return 1;
+}
 
 static void put_types(sbuf *b, const tp_emit *e, const tp_val *vs, int n) {
   char tb[256];
@@ -173,8 +192,12 @@ const char *em_finish(tp_emit *e, const tp_val *results, int n) {
   char tb[256];
   sb_printf(m, "module @tp_program attributes {mhlo.num_partitions = 1 : i32, mhlo.num_replicas = 1 : i32} {\n");
   sb_printf(m, "  func.func public @main(");
-  for (int i = 0; i < e->nparams; i++)
+  for (int i = 0; i < e->nparams; i++) {
     sb_printf(m, "%s%%v%d: %s", i ? ", " : "", e->params[i], tp_type_str(&e->types[e->params[i]], tb, sizeof tb));
+    int r = e->param_alias[i];
+    if (r >= 0 && r < n && same_type(&e->types[e->params[i]], &e->types[results[r]]))
+      sb_printf(m, " {tf.aliasing_output = %d : i32}", r);
+  }
   sb_printf(m, ") -> (");
   put_types(m, e, results, n);
   sb_printf(m, ") {\n%s", e->body.p ? e->body.p : "");
@@ -725,8 +748,7 @@ int em_while_end(tp_emit *e, em_loop *L, const tp_val *next, tp_val *outs) {
   if (L->res < 0) return -1;
   for (int i = 0; i < L->n; i++) {
     if (bad(e, next[i])) return -1;
-    const tp_type *a = &e->types[next[i]], *b = &e->types[L->init[i]];
-    if (a->dt != b->dt || a->rank != b->rank || memcmp(a->dims, b->dims, sizeof(int64_t) * (size_t)a->rank)) {
+    if (!same_type(&e->types[next[i]], &e->types[L->init[i]])) {
       em_fail(e, TP_INTERNAL, "while loop value %d changes type in the body", i);
       return -1;
     }

@@ -47,6 +47,10 @@ tp_status *em_take_error(tp_emit *e);
 /* Function parameters, in order. */
 tp_val em_param(tp_emit *e, const tp_type *t);
 int em_num_params(const tp_emit *e);
+/* Parameter number `param` may be donated to result number `result` (its
+ * buffer reused for it): printed as tf.aliasing_output when the two types
+ * are equal, ignored otherwise.  0, or -1 for bad numbers. */
+int em_param_alias(tp_emit *e, int param, int result);
 const tp_type *em_type(const tp_emit *e, tp_val v);
 /* Finish: `results` become the function's return values.  Returns the
  * whole module text (owned by the emitter) or NULL on error. */

@@ -4,7 +4,7 @@
 PY      ?= python3
 VENV    := .venv
 VPY     := $(VENV)/bin/python
-STAMP   := $(VENV)/.installed-v1
+STAMP   := $(VENV)/.installed-v2
 PKG     := torch_pjrt
 BUILD   := build
 
@@ -30,12 +30,11 @@ SAN     := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-re
 all: build
 
 setup: $(STAMP)
-$(STAMP): requirements.txt
+$(STAMP): requirements.txt tools/dev_install.py
 	$(PY) -m venv $(VENV)
 	$(VPY) -m pip install -q --upgrade pip >/dev/null 2>&1 || true
 	$(VPY) -m pip install -q -r requirements.txt
-	# Make the checkout importable from the venv (a development install).
-	$(VPY) -c "import site, os; open(os.path.join(site.getsitepackages()[0], 'torch_pjrt_dev.pth'), 'w').write(os.getcwd() + '\\n')"
+	$(VPY) tools/dev_install.py
 	touch $@
 
 build: $(STAMP) $(CORE_LIB) $(PKG)/_C.so $(PKG)/_glue.so

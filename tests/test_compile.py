@@ -178,3 +178,24 @@ def test_in_place_ops_donate_their_buffer(tmp_path):
     assert r.stdout.strip() == "48.0"
     prog = r.stderr.split("torch-pjrt program for aten::add.Tensor")[1]
     assert "tf.aliasing_output = 0" in prog.split("func.func")[1].split("\n")[0]
+
+
+def test_backend_found_without_importing_dynamo_at_import():
+    """`import torch_pjrt` leaves torch._dynamo alone (seconds of start-up for
+    eager-only programs); torch.compile(backend="tpu") still finds the backend,
+    through the entry point `make setup` installs, or directly when Dynamo
+    was imported first."""
+    import subprocess
+    import sys
+
+    code = ("import sys, torch, torch_pjrt\n"
+            "assert 'torch._dynamo' not in sys.modules\n"
+            "f = torch.compile(lambda x: x * 2 + 1, backend='tpu')\n"
+            "print(f(torch.ones(3, device='tpu')).cpu().tolist(), torch_pjrt.compile_counts())\n")
+    first = ("import torch._dynamo, torch, torch_pjrt\n"
+             "f = torch.compile(lambda x: x - 1, backend='tpu')\n"
+             "print(f(torch.ones(2, device='tpu')).cpu().tolist())\n")
+    for src, want in ((code, "[3.0, 3.0, 3.0]"), (first, "[0.0, 0.0]")):
+        r = subprocess.run([sys.executable, "-c", src], capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr[-2000:]
+        assert r.stdout.startswith(want), r.stdout

@@ -11,8 +11,9 @@ import operator
 import threading
 import warnings
 
+import sys
+
 import torch
-from torch._dynamo.backends.common import aot_autograd
 
 from . import _C
 from ._dispatch import _NUMBER_TYPES, _qualname, _ref
@@ -358,12 +359,26 @@ def tpu_backend(gm, example_inputs, **kwargs):
     name = _frame_name(gm)
     names = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
     _note_compile(name, list(zip(names, example_inputs)))
+    from torch._dynamo.backends.common import aot_autograd
+
     backend = aot_autograd(fw_compiler=_compile_graph, bw_compiler=_compile_graph,
                            decompositions=_decompositions(), keep_inference_input_mutations=True)
     return backend(gm, example_inputs, **kwargs)
 
 
+def _entry_point_installed():
+    from importlib.metadata import entry_points
+
+    return any(ep.value == "torch_pjrt._compile:tpu_backend" for ep in entry_points(group="torch_dynamo_backends"))
+
+
 def register():
+    """Make "tpu" a torch.compile backend.  With the entry point that `make
+    setup` installs (tools/dev_install.py), Dynamo finds it by itself and
+    torch._dynamo is not imported here; otherwise (or when Dynamo is already
+    loaded) register it directly."""
+    if "torch._dynamo" not in sys.modules and _entry_point_installed():
+        return
     from torch._dynamo import register_backend
 
     try:

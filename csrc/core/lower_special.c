@@ -347,6 +347,180 @@ static void r_erfcx(tp_emit *e, const tp_node *n, tp_val *o) {
   o[0] = em_convert(e, r, OUT0->dt);
 }
 
+/* ---- Bessel functions of the first and second kind, spherical j0, Airy Ai ---- */
+
+/* The phase x - c rounded to the dtype PyTorch computes it in (pd), as f64. */
+static tp_val phase(tp_emit *e, tp_val x, double c, tp_dtype pd) {
+  tp_val xp = em_convert(e, x, pd);
+  return em_convert(e, sub(e, xp, K(e, xp, c)), TP_F64);
+}
+
+/* J_nu (want_y = 0) or Y_nu (want_y = 1) for x >= 0, nu = 0 or 1, in f64:
+ * power series for x <= 12 (DLMF 10.2.2 and 10.8.1), Hankel's asymptotic
+ * expansion (DLMF 10.17.3-4, 24 terms) above.  pd: PyTorch's dtype for the
+ * phase x - (2nu + 1) pi / 4. */
+static tp_val bessel_jy(tp_emit *e, tp_val ax, int nu, int want_y, tp_dtype pd) {
+  const double euler = 0.57721566490153286061;
+  tp_val small = cmp(e, "LE", ax, K(e, ax, 12.0));
+  tp_val xs = sel(e, small, ax, K(e, ax, 1));
+  xs = sel(e, cmp(e, "EQ", xs, K(e, xs, 0)), K(e, xs, 1), xs);
+  tp_val si, sk;
+  bessel_series(e, mul(e, mul(e, xs, xs), K(e, xs, -0.25)), nu, &si, &sk);
+  if (em_failed(e)) return -1;
+  tp_val rs;
+  tp_val j = nu ? mul(e, si, mul(e, xs, K(e, xs, 0.5))) : si;
+  if (!want_y) {
+    rs = j;
+  } else {
+    tp_val lg = log_(e, mul(e, xs, K(e, xs, 0.5)));
+    if (!nu) {
+      rs = mul(e, K(e, xs, 2 / M_PI), sub(e, mul(e, add(e, lg, K(e, xs, euler)), si), sk));
+    } else {
+      tp_val a = dv(e, K(e, xs, -2 / M_PI), xs);
+      tp_val b = mul(e, K(e, xs, 2 / M_PI), mul(e, lg, j));
+      tp_val c = mul(e, mul(e, xs, K(e, xs, 0.5 / M_PI)), sub(e, sk, mul(e, K(e, xs, 2 * euler), si)));
+      rs = sub(e, add(e, a, b), c);
+    }
+  }
+  /* a_k(nu) = prod_{j<=k} (4nu^2 - (2j-1)^2) / (k! 8^k); P = sum (-1)^k a_2k / x^2k,
+   * Q = sum (-1)^k a_2k+1 / x^(2k+1) */
+  double ak[24], pc[12], qc[12];
+  ak[0] = 1;
+  for (int k = 1; k < 24; k++) ak[k] = ak[k - 1] * (4.0 * nu * nu - (2.0 * k - 1) * (2.0 * k - 1)) / (8.0 * k);
+  for (int k = 0; k < 12; k++) {
+    pc[k] = (k % 2 ? -1 : 1) * ak[2 * k];
+    qc[k] = (k % 2 ? -1 : 1) * ak[2 * k + 1];
+  }
+  tp_val xl = sel(e, small, K(e, ax, 20.0), ax);
+  tp_val w = dv(e, K(e, xl, 1), mul(e, xl, xl));
+  tp_val P = horner(e, w, pc, 12), Q = dv(e, horner(e, w, qc, 12), xl);
+  tp_val chi = phase(e, xl, (2 * nu + 1) * M_PI / 4, pd);
+  tp_val c = un(e, "stablehlo.cosine", chi), sn = un(e, "stablehlo.sine", chi);
+  tp_val amp = sqrt_(e, dv(e, K(e, xl, 2 / M_PI), xl));
+  tp_val rl = want_y ? mul(e, amp, add(e, mul(e, P, sn), mul(e, Q, c))) : mul(e, amp, sub(e, mul(e, P, c), mul(e, Q, sn)));
+  return sel(e, small, rs, rl);
+}
+
+static void r_bessel(tp_emit *e, const tp_node *n, tp_val *o, int nu, int want_y) {
+  if (!isf(OUT0->dt)) {
+    o[0] = not_for(e, "bessel", OUT0->dt);
+    return;
+  }
+  tp_type ct = out_as(n, TP_F64);
+  tp_val x = in_as(e, n, 0, &ct);
+  tp_val ax = abs_(e, x);
+  tp_val r = bessel_jy(e, ax, nu, want_y, lw_opmath(OUT0->dt));
+  if (want_y) {
+    r = sel(e, cmp(e, "EQ", x, K(e, x, 0)), K(e, x, -INFINITY), r);
+    r = sel(e, cmp(e, "LT", x, K(e, x, 0)), K(e, x, NAN), r);
+  } else {
+    if (nu) r = sel(e, cmp(e, "LT", x, K(e, x, 0)), un(e, "stablehlo.negate", r), r);
+    r = sel(e, cmp(e, "EQ", x, K(e, x, 0)), K(e, x, nu ? 0.0 : 1.0), r);
+  }
+  o[0] = em_convert(e, r, OUT0->dt);
+}
+static void r_j0(tp_emit *e, const tp_node *n, tp_val *o) { r_bessel(e, n, o, 0, 0); }
+static void r_j1(tp_emit *e, const tp_node *n, tp_val *o) { r_bessel(e, n, o, 1, 0); }
+static void r_y0(tp_emit *e, const tp_node *n, tp_val *o) { r_bessel(e, n, o, 0, 1); }
+static void r_y1(tp_emit *e, const tp_node *n, tp_val *o) { r_bessel(e, n, o, 1, 1); }
+
+/* spherical j0 = sin(x) / x (1 at 0, 0 at +-inf), in f64. */
+static tp_val sph_j0_64(tp_emit *e, tp_val x) {
+  tp_val z = cmp(e, "EQ", x, K(e, x, 0));
+  tp_val xs = sel(e, z, K(e, x, 1), x);
+  tp_val r = dv(e, un(e, "stablehlo.sine", xs), xs);
+  r = sel(e, z, K(e, x, 1), r);
+  return sel(e, isinf_(e, x), K(e, x, 0), r);
+}
+
+/* Airy Ai in f64: Maclaurin series Ai = c1 f - c2 g (DLMF 9.4.1) for
+ * -10 <= x <= 2; for x > 2, Ai = sqrt(x/3) / pi * K_1/3(zeta) with
+ * zeta = 2/3 x^3/2, K by the trapezoid rule on its integral (zeta <= 20) or
+ * the asymptotic series (DLMF 9.7.5); for x < -10 the oscillatory expansion
+ * (DLMF 9.7.9) with PyTorch's phase zeta + pi/4 rounded like its.  PyTorch:
+ * +-inf -> NaN, x > 103.892 -> 0. */
+static tp_val airy_ai64(tp_emit *e, tp_val x, tp_dtype pd) {
+  const double c1 = 0.355028053887817239260, c2 = 0.258819403792806798405;
+  tp_val ser_ok = and_(e, cmp(e, "GE", x, K(e, x, -10.0)), cmp(e, "LE", x, K(e, x, 2.0)));
+  tp_val xs = sel(e, ser_ok, x, K(e, x, 0));
+  tp_val x3 = mul(e, xs, mul(e, xs, xs));
+  /* carried: k, f term, g term, f sum, g sum */
+  tp_val init[5] = {em_const(e, 0, TP_F64), K(e, xs, 1), xs, K(e, xs, 1), xs};
+  tp_val a[5], b[5], next[5], out[5];
+  em_loop L;
+  if (em_while_begin(e, &L, init, 5, a)) return -1;
+  if (em_while_body(e, &L, cmp(e, "LT", a[0], em_const(e, 40, TP_F64)), b)) return -1;
+  tp_val k3 = mul(e, b[0], em_const(e, 3, TP_F64));
+  tp_val one = em_const(e, 1, TP_F64);
+  tp_val d2 = add(e, k3, em_const(e, 2, TP_F64)), d3 = add(e, k3, em_const(e, 3, TP_F64)), d4 = add(e, k3, em_const(e, 4, TP_F64));
+  tp_val ft = dv(e, mul(e, b[1], x3), bc(e, mul(e, d2, d3), x3));
+  tp_val gt = dv(e, mul(e, b[2], x3), bc(e, mul(e, d3, d4), x3));
+  next[0] = add(e, b[0], one);
+  next[1] = ft;
+  next[2] = gt;
+  next[3] = add(e, b[3], ft);
+  next[4] = add(e, b[4], gt);
+  if (em_while_end(e, &L, next, out)) return -1;
+  tp_val rser = sub(e, mul(e, K(e, x, c1), out[3]), mul(e, K(e, x, c2), out[4]));
+  /* u_k (DLMF 9.7.2) */
+  double u[24];
+  u[0] = 1;
+  for (int k = 1; k < 24; k++) u[k] = u[k - 1] * (6.0 * k - 5) * (6.0 * k - 3) * (6.0 * k - 1) / ((2.0 * k - 1) * 216.0 * k);
+  /* x > 2 */
+  tp_val pos = cmp(e, "GT", x, K(e, x, 2.0));
+  tp_val xp = sel(e, pos, x, K(e, x, 3.0));
+  tp_val zp = mul(e, K(e, xp, 2.0 / 3), mul(e, xp, sqrt_(e, xp)));
+  tp_val zlarge = cmp(e, "GT", zp, K(e, zp, 20.0));
+  tp_val zm = sel(e, zlarge, K(e, zp, 5.0), zp);
+  const double h = 0.1;
+  tp_val acc = K(e, zm, 0);
+  for (int j = 0; j <= 50; j++) {
+    double t = j * h, sh = sinh(t / 2), cc = 2 * sh * sh;
+    double wgt = (j == 0 ? 0.5 : 1.0) * cosh(t / 3) * h;
+    acc = add(e, acc, mul(e, K(e, zm, wgt), exp_(e, mul(e, zm, K(e, zm, -cc)))));
+  }
+  tp_val rmid = mul(e, mul(e, sqrt_(e, mul(e, xp, K(e, xp, 1.0 / 3))), K(e, xp, 1 / M_PI)), mul(e, acc, exp_(e, un(e, "stablehlo.negate", zm))));
+  double ua[24];
+  for (int k = 0; k < 24; k++) ua[k] = (k % 2 ? -1 : 1) * u[k];
+  tp_val zl = sel(e, zlarge, zp, K(e, zp, 30.0));
+  tp_val x14 = sqrt_(e, sqrt_(e, xp));
+  tp_val rbig = dv(e, mul(e, exp_(e, un(e, "stablehlo.negate", zl)), horner(e, dv(e, K(e, zl, 1), zl), ua, 24)),
+                   mul(e, K(e, zl, 2 * sqrt(M_PI)), x14));
+  tp_val rpos = sel(e, zlarge, rbig, rmid);
+  /* x < -10 */
+  tp_val negb = cmp(e, "LT", x, K(e, x, -10.0));
+  tp_val xn = sel(e, negb, un(e, "stablehlo.negate", x), K(e, x, 20.0)); /* |x| */
+  tp_val zn = mul(e, K(e, xn, 2.0 / 3), mul(e, xn, sqrt_(e, xn)));
+  double pc[12], qc[12];
+  for (int k = 0; k < 12; k++) {
+    pc[k] = (k % 2 ? -1 : 1) * u[2 * k];
+    qc[k] = (k % 2 ? -1 : 1) * u[2 * k + 1];
+  }
+  tp_val wz = dv(e, K(e, zn, 1), mul(e, zn, zn));
+  tp_val P = horner(e, wz, pc, 12), Q = dv(e, horner(e, wz, qc, 12), zn);
+  /* PyTorch's t = -2 x sqrt(-x) / 3 + pi / 4 in its dtype */
+  tp_val xq = em_convert(e, un(e, "stablehlo.negate", xn), pd);
+  tp_val tq = add(e, dv(e, mul(e, mul(e, K(e, xq, -2.0), xq), sqrt_(e, un(e, "stablehlo.negate", xq))), K(e, xq, 3.0)),
+                  mul(e, K(e, xq, 0.25), K(e, xq, M_PI)));
+  tp_val t = em_convert(e, tq, TP_F64);
+  tp_val rneg = dv(e, sub(e, mul(e, un(e, "stablehlo.sine", t), P), mul(e, un(e, "stablehlo.cosine", t), Q)),
+                   mul(e, K(e, xn, sqrt(M_PI)), sqrt_(e, sqrt_(e, xn))));
+  tp_val r = sel(e, pos, rpos, sel(e, negb, rneg, rser));
+  r = sel(e, cmp(e, "GT", x, K(e, x, 103.892)), K(e, x, 0), r);
+  r = sel(e, isinf_(e, x), K(e, x, NAN), r);
+  return sel(e, isnan_(e, x), x, r);
+}
+
+static void r_airy_ai(tp_emit *e, const tp_node *n, tp_val *o) {
+  if (!isf(OUT0->dt)) {
+    o[0] = not_for(e, "airy_ai_cpu", OUT0->dt);
+    return;
+  }
+  tp_type ct = out_as(n, TP_F64);
+  o[0] = em_convert(e, airy_ai64(e, in_as(e, n, 0, &ct), lw_opmath(OUT0->dt)), OUT0->dt);
+}
+static void r_sph_j0(tp_emit *e, const tp_node *n, tp_val *o) { unary64(e, n, o, sph_j0_64); }
+
 /* ---- polygamma and zeta --------------------------------------------------------- */
 
 /* Hurwitz zeta(x, q) = sum_i (q + i)^-x in f64 by Euler-Maclaurin summation:
@@ -471,6 +645,104 @@ static void r_polygamma(tp_emit *e, const tp_node *n, tp_val *o) {
   }
   o[0] = em_convert(e, r, OUT0->dt);
 }
+
+/* ---- regularized incomplete gamma ------------------------------------------------- */
+
+/* P(a, x) (want_q = 0) or Q(a, x) = 1 - P in f64: the series
+ * P = x^a e^-x / Gamma(a+1) sum_k x^k / ((a+1)..(a+k)) where x < a + 1, the
+ * continued fraction for Q (modified Lentz) elsewhere; the other one is
+ * 1 minus it.  Both are while loops until every element has converged;
+ * elements that have not converged after 20000 steps (a above ~10^7 with
+ * x near a, where PyTorch switches to an asymptotic expansion) give NaN
+ * rather than an inaccurate value.  PyTorch's boundary values: a < 0 or
+ * x < 0 -> NaN; a = 0 -> 1 (P) / 0 (Q) for x > 0, else NaN; x = 0 -> 0 / 1;
+ * a = inf -> 0 / 1 (NaN if x = inf too); x = inf -> 1 / 0. */
+static tp_val igamma64(tp_emit *e, tp_val a, tp_val x, int want_q) {
+  const double maxit = 20000;
+  tp_val one = K(e, a, 1);
+  tp_val ok = and_(e, and_(e, cmp(e, "GT", a, K(e, a, 0)), cmp(e, "GT", x, K(e, x, 0))),
+                   and_(e, cmp(e, "LT", a, K(e, a, INFINITY)), cmp(e, "LT", x, K(e, x, INFINITY))));
+  tp_val use_ser = and_(e, ok, cmp(e, "LT", x, add(e, a, one)));
+  tp_val use_cf = and_(e, ok, not_(e, use_ser));
+  const tp_type *tt = em_type(e, a);
+  int rank = tt->rank;
+  int64_t dims[TP_MAX_RANK];
+  memcpy(dims, tt->dims, sizeof dims);
+  /* series on (as, xs); other elements get (1, 0.5), which converges at once */
+  tp_val as = sel(e, use_ser, a, one), xs = sel(e, use_ser, x, K(e, x, 0.5));
+  tp_val init[4] = {em_const(e, 0, TP_F64), one, one, one}; /* k, term, sum, a + k */
+  tp_val v[4], w[4], next[4], out[4];
+  em_loop L;
+  if (em_while_begin(e, &L, init, 4, v)) return -1;
+  tp_val go = and_(e, any_(e, cmp(e, "GT", abs_(e, v[1]), mul(e, abs_(e, v[2]), K(e, v[2], 1e-17)))),
+                   cmp(e, "LT", v[0], em_const(e, maxit, TP_F64)));
+  if (em_while_body(e, &L, go, w)) return -1;
+  tp_val ak = add(e, as, em_bcast_to(e, add(e, w[0], em_const(e, 1, TP_F64)), rank, dims));
+  tp_val term = mul(e, w[1], dv(e, xs, ak));
+  next[0] = add(e, w[0], em_const(e, 1, TP_F64));
+  next[1] = term;
+  next[2] = add(e, w[2], term);
+  next[3] = ak;
+  if (em_while_end(e, &L, next, out)) return -1;
+  tp_val ser_conv = cmp(e, "LE", abs_(e, out[1]), mul(e, abs_(e, out[2]), K(e, out[2], 1e-17)));
+  tp_val lg1 = un(e, "chlo.lgamma", add(e, as, one));
+  tp_val p_ser = mul(e, exp_(e, sub(e, sub(e, mul(e, as, log_(e, xs)), xs), lg1)), out[2]);
+  /* continued fraction on (ac, xc); others get (1, 3) */
+  tp_val ac = sel(e, use_cf, a, one), xc = sel(e, use_cf, x, K(e, x, 3));
+  const double tiny = 1e-300;
+  tp_val b0 = sub(e, add(e, xc, one), ac);
+  tp_val d0 = dv(e, one, b0);
+  /* carried: i, b, c, d, h, delta */
+  tp_val ci[6] = {em_const(e, 0, TP_F64), b0, K(e, a, 1 / tiny), d0, d0, K(e, a, 0)};
+  tp_val cv[6], cw[6], cn[6], co[6];
+  if (em_while_begin(e, &L, ci, 6, cv)) return -1;
+  tp_val cgo = and_(e, any_(e, cmp(e, "GT", abs_(e, sub(e, cv[5], one)), K(e, one, 1e-15))),
+                    cmp(e, "LT", cv[0], em_const(e, maxit, TP_F64)));
+  if (em_while_body(e, &L, cgo, cw)) return -1;
+  tp_val i1 = add(e, cw[0], em_const(e, 1, TP_F64));
+  tp_val ib = em_bcast_to(e, i1, rank, dims);
+  tp_val an = mul(e, un(e, "stablehlo.negate", ib), sub(e, ib, ac));
+  tp_val b = add(e, cw[1], K(e, one, 2));
+  tp_val d = add(e, mul(e, an, cw[3]), b);
+  d = sel(e, cmp(e, "LT", abs_(e, d), K(e, d, tiny)), K(e, d, tiny), d);
+  tp_val c = add(e, b, dv(e, an, cw[2]));
+  c = sel(e, cmp(e, "LT", abs_(e, c), K(e, c, tiny)), K(e, c, tiny), c);
+  d = dv(e, one, d);
+  tp_val del = mul(e, d, c);
+  cn[0] = i1;
+  cn[1] = b;
+  cn[2] = c;
+  cn[3] = d;
+  cn[4] = mul(e, cw[4], del);
+  cn[5] = del;
+  if (em_while_end(e, &L, cn, co)) return -1;
+  tp_val cf_conv = cmp(e, "LE", abs_(e, sub(e, co[5], one)), K(e, one, 1e-15));
+  tp_val lg = un(e, "chlo.lgamma", ac);
+  tp_val q_cf = mul(e, exp_(e, sub(e, sub(e, mul(e, ac, log_(e, xc)), xc), lg)), co[4]);
+  tp_val r = want_q ? sel(e, use_ser, sub(e, one, p_ser), q_cf) : sel(e, use_ser, p_ser, sub(e, one, q_cf));
+  tp_val conv = sel(e, use_ser, ser_conv, cf_conv);
+  r = sel(e, conv, r, K(e, r, NAN));
+  /* boundary values, in PyTorch's order (the last select wins) */
+  tp_val zero = K(e, a, 0), nan = K(e, a, NAN);
+  tp_val P1 = want_q ? zero : one, P0 = want_q ? one : zero;
+  r = sel(e, isinf_(e, x), P1, r);
+  r = sel(e, isinf_(e, a), sel(e, isinf_(e, x), nan, P0), r);
+  r = sel(e, cmp(e, "EQ", x, zero), P0, r);
+  r = sel(e, cmp(e, "EQ", a, zero), sel(e, cmp(e, "GT", x, zero), P1, nan), r);
+  r = sel(e, or_(e, cmp(e, "LT", x, zero), cmp(e, "LT", a, zero)), nan, r);
+  return sel(e, or_(e, isnan_(e, a), isnan_(e, x)), nan, r);
+}
+
+static void r_igamma_any(tp_emit *e, const tp_node *n, tp_val *o, int want_q) {
+  if (!isf(OUT0->dt)) {
+    o[0] = not_for(e, want_q ? "igammac_cpu" : "igamma_cpu", OUT0->dt);
+    return;
+  }
+  tp_type ct = out_as(n, TP_F64);
+  o[0] = em_convert(e, igamma64(e, in_as(e, n, 0, &ct), in_as(e, n, 1, &ct), want_q), OUT0->dt);
+}
+static void r_igamma(tp_emit *e, const tp_node *n, tp_val *o) { r_igamma_any(e, n, o, 0); }
+static void r_igammac(tp_emit *e, const tp_node *n, tp_val *o) { r_igamma_any(e, n, o, 1); }
 
 /* ---- orthogonal polynomials ------------------------------------------------------ */
 
@@ -885,8 +1157,16 @@ const tp_lower_entry tp_lower_special[] = {
     {"aten::special_modified_bessel_k1", r_k1},
     {"aten::special_scaled_modified_bessel_k0", r_k0e},
     {"aten::special_scaled_modified_bessel_k1", r_k1e},
+    {"aten::special_bessel_j0", r_j0},
+    {"aten::special_bessel_j1", r_j1},
+    {"aten::special_bessel_y0", r_y0},
+    {"aten::special_bessel_y1", r_y1},
+    {"aten::special_spherical_bessel_j0", r_sph_j0},
+    {"aten::special_airy_ai", r_airy_ai},
     {"aten::polygamma", r_polygamma},
     {"aten::special_zeta", r_zeta},
+    {"aten::igamma", r_igamma},
+    {"aten::igammac", r_igammac},
     {"aten::special_chebyshev_polynomial_t", r_cheb_t},
     {"aten::special_chebyshev_polynomial_u", r_cheb_u},
     {"aten::special_chebyshev_polynomial_v", r_cheb_v},

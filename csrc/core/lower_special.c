@@ -824,7 +824,9 @@ static void r_poly(tp_emit *e, const tp_node *n, tp_val *o, poly_kind kind, cons
     int lim = kind == CHEB_T || shifted ? 6 : 8;
     if (kind == SCHEB_W) lim = 4;
     use_closed = and_(e, cmp(e, "GT", ni, I(lim)), cmp(e, "LT", ay, one));
-    tp_val th = un(e, "chlo.acos", y);
+    /* acos in f64, rounded once: XLA's f32 acos is an ulp off glibc's, which
+     * the closed forms amplify by up to n / sin(acos x) */
+    tp_val th = em_convert(e, un(e, "chlo.acos", em_convert(e, y, TP_F64)), dt);
     /* sin/cos of the dt-rounded argument, evaluated in f64: XLA's f32 sine
      * and cosine lose accuracy for large arguments (n in the millions) */
 #define COS(v) em_convert(e, un(e, "stablehlo.cosine", em_convert(e, (v), TP_F64)), dt)
@@ -1070,7 +1072,11 @@ static void r_gcd(tp_emit *e, const tp_node *n, tp_val *o) {
     o[0] = not_for(e, "gcd_cpu", ct.dt);
     return;
   }
-  tp_val a = abs_(e, in_as(e, n, 0, &ct)), b = abs_(e, in_as(e, n, 1, &ct));
+  tp_val a = in_as(e, n, 0, &ct), b = in_as(e, n, 1, &ct);
+  if (!tp_dtype_is_unsigned(ct.dt)) {
+    a = abs_(e, a);
+    b = abs_(e, b);
+  }
   /* PyTorch: while (a != 0) { c = a; a = b % a; b = c; } return b; */
   tp_val init[2] = {a, b}, x[2], y[2], next[2], out[2];
   em_loop L;

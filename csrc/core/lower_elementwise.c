@@ -424,11 +424,11 @@ static void r_neg(tp_emit *e, const tp_node *n, tp_val *o) {
 }
 
 /* digamma(+-0) = -+inf (PyTorch, C++ and SciPy); chlo.digamma gives NaN there. */
-static void r_digamma(tp_emit *e, const tp_node *n, tp_val *o) {
-  tp_val x = x_in(e, n);
+tp_val lw_digamma(tp_emit *e, tp_val x) {
   tp_val at0 = un(e, "stablehlo.negate", dv(e, k(e, x, 1), x)); /* copysign(inf, -x) */
-  o[0] = finish(e, n, em_select(e, em_compare(e, "EQ", x, k(e, x, 0)), at0, un(e, "chlo.digamma", x)));
+  return em_select(e, em_compare(e, "EQ", x, k(e, x, 0)), at0, un(e, "chlo.digamma", x));
 }
+static void r_digamma(tp_emit *e, const tp_node *n, tp_val *o) { o[0] = finish(e, n, lw_digamma(e, x_in(e, n))); }
 
 /* abs: complex inputs give their magnitude (a real result); unsigned ints are their own. */
 static void r_abs(tp_emit *e, const tp_node *n, tp_val *o) {

@@ -17,6 +17,7 @@ extern const tp_lower_entry tp_lower_reduce[];
 extern const tp_lower_entry tp_lower_shape[];
 extern const tp_lower_entry tp_lower_nn[];
 extern const tp_lower_entry tp_lower_random[];
+extern const tp_lower_entry tp_lower_special[];
 
 /* ---- argument access (bounds-checked; a missing arg reads as None) ---- */
 const tp_arg *lw_arg(const tp_node *n, int i);
@@ -52,5 +53,7 @@ tp_type lw_out_as(const tp_node *n, int i, tp_dtype dt);
 /* ---- emission shortcuts ------------------------------------------------ */
 tp_val lw_full_like(tp_emit *e, tp_val like, double v);
 tp_val lw_bin(tp_emit *e, const char *op, tp_val a, tp_val b); /* broadcasts rank-0 b or a */
+/* PyTorch's digamma of a float value (digamma(+-0) = -+inf; lower_elementwise.c). */
+tp_val lw_digamma(tp_emit *e, tp_val x);
 
 #endif

@@ -1128,6 +1128,47 @@ static void r_svd(tp_emit *e, const tp_node *n, tp_val *o) {
   }
 }
 
+/* ---- matrix exponential ------------------------------------------------------------------------------ */
+
+/* exp(A) by scaling and squaring: X = A / 2^s with ||X||_1 <= 1, a degree-18
+ * Taylor polynomial (truncation error below 1/19! ~ 8e-18, so exact in f64),
+ * then s squarings (s per matrix; the loop runs to the largest s). */
+static void r_matrix_exp(tp_emit *e, const tp_node *n, tp_val *o) {
+  if (!check_float(e, n, 0)) return;
+  int64_t B, m, k;
+  tp_val A = mat_arg(e, n, 0, &B, &m, &k);
+  if (m != k) {
+    em_fail(e, TP_INVALID_ARGUMENT, "%s: expected a square matrix", n->op);
+    return;
+  }
+  if (B * m == 0) {
+    o[0] = out_as(e, n, 0, A);
+    return;
+  }
+  tp_val norm1 = em_reduce(e, sum_dim(e, un(e, "stablehlo.abs", A), 1), kf(e, 0), (const int64_t[]){1}, 1,
+                           "stablehlo.maximum"); /* [B] */
+  tp_val sc = un(e, "stablehlo.ceil", dvd(e, un(e, "stablehlo.log", norm1), kf(e, log(2.0))));
+  /* s in [0, 1100]; NaN (a NaN input) -> 0: the result is NaN anyway */
+  tp_val isnan = cmp(e, "NE", sc, sc);
+  sc = sel(e, isnan, kf(e, 0), em_clamp(e, kf(e, 0), sc, kf(e, 1100)));
+  tp_val X = dvd(e, A, per_batch(e, un(e, "stablehlo.exponential", mul(e, sc, kf(e, log(2.0)))), A));
+  /* Horner: T = I + X/1 (I + X/2 (I + ... (I + X/18))) */
+  tp_val I = eye(e, B, m, m, WDT);
+  tp_val T = I;
+  for (int d = 18; d >= 1; d--) T = add(e, I, dvd(e, bmm(e, X, T), kf(e, d)));
+  tp_val s_i = em_convert(e, sc, TP_I64);
+  tp_val smax = em_reduce(e, s_i, ki(e, 0), (const int64_t[]){0}, 1, "stablehlo.maximum");
+  tp_val init[2] = {ki(e, 0), T}, a[2], b[2], out[2];
+  em_loop L;
+  if (em_while_begin(e, &L, init, 2, a)) return;
+  if (em_while_body(e, &L, cmp(e, "LT", a[0], smax), b)) return;
+  tp_val sq = bmm(e, b[1], b[1]);
+  tp_val go = cmp(e, "LT", b[0], s_i); /* i < s[b] */
+  tp_val next[2] = {add(e, b[0], ki(e, 1)), em_select(e, per_batch(e, go, sq), sq, b[1])};
+  if (em_while_end(e, &L, next, out)) return;
+  o[0] = out_as(e, n, 0, out[1]);
+}
+
 /* ---- the table ------------------------------------------------------------------------------------ */
 
 const tp_lower_entry tp_lower_linalg[] = {
@@ -1150,5 +1191,6 @@ const tp_lower_entry tp_lower_linalg[] = {
     {"aten::ormqr", r_ormqr},
     {"aten::_linalg_eigh", r_eigh},
     {"aten::_linalg_svd", r_svd},
+    {"aten::linalg_matrix_exp", r_matrix_exp},
     {NULL, NULL},
 };

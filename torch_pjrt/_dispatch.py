@@ -180,7 +180,48 @@ def _meta_geqrf(a):
     return qr, tau
 
 
-_PY_META = {"aten::geqrf": _meta_geqrf}
+def _meta_lstsq(a, b, rcond=None, driver=None):
+    # The checks and shapes of PyTorch's CPU linalg_lstsq.
+    if a.dim() < 2:
+        raise RuntimeError("torch.linalg.lstsq: input must have at least 2 dimensions.")
+    if a.dtype != b.dtype:
+        raise RuntimeError(f"torch.linalg.lstsq: Expected input and other to have the same dtype, "
+                           f"but got input's dtype {a.dtype} and other's dtype {b.dtype}")
+    dim_diff = a.dim() - b.dim()
+    if not 0 <= dim_diff <= 1:
+        raise RuntimeError("torch.linalg.lstsq: input.dim() must be greater or equal to other.dim() and "
+                           "(input.dim() - other.dim()) <= 1")
+    vector = dim_diff == 1
+    bm = b.unsqueeze(-1) if vector else b
+    m, n = a.shape[-2:]
+    if bm.shape[-2] != m:
+        raise RuntimeError("torch.linalg.lstsq: input.size(-2) should match other.size(-2)")
+    driver = "gelsy" if driver is None else driver
+    if driver not in ("gels", "gelsy", "gelsd", "gelss"):
+        raise RuntimeError("torch.linalg.lstsq: parameter `driver` should be one of (gels, gelsy, gelsd, gelss)")
+    batch = torch.broadcast_shapes(a.shape[:-2], bm.shape[:-2])
+    k = bm.shape[-1]
+    sol = batch + ((n,) if vector else (n, k))
+    res = (batch + (() if vector else (k,))) if (m > n and driver != "gelsy") else (0,)
+    rank = batch if driver != "gels" else (0,)
+    sv = batch + (min(m, n),) if driver in ("gelsd", "gelss") else (0,)
+    real = a.dtype.to_real() if a.is_complex() else a.dtype
+    e = functools.partial(torch.empty, device="meta")
+    return e(sol, dtype=a.dtype), e(res, dtype=real), e(rank, dtype=torch.int64), e(sv, dtype=real)
+
+
+def _lstsq_post(vals, outs):
+    # gelsd/gelss report residuals only when every matrix has full rank.
+    a, drv = vals[0], vals[3] or "gelsy"
+    m, n = a.shape[-2:]
+    if drv in ("gelsd", "gelss") and m > n and outs[1].numel() and bool((outs[2] < n).any()):
+        outs[1].resize_(0)
+
+
+_PY_META = {"aten::geqrf": _meta_geqrf, "aten::linalg_lstsq": _meta_lstsq}
+# Run after the lowering, with (argument values, outputs): output fix-ups
+# that depend on computed values.
+_POST = {"aten::linalg_lstsq": _lstsq_post}
 
 # linalg ops whose CPU kernels factor A^T instead of A when A is contiguous
 # (and real), which their LU / pivots outputs show: the rule to run on A^T
@@ -362,9 +403,12 @@ class _Handler:
         return (device if device is not None else 0), enc, tuple(key)
 
     def _meta(self, args, kwargs):
-        py_meta = _PY_META.get(self.name)
+        py_meta = _PY_META.get(self.name) or (_PY_META.get(self.lowering) if self.is_out else None)
         try:
             if py_meta is not None:
+                if self.is_out:  # the functional arguments only
+                    vals = self._values(args, kwargs, self.all_args)
+                    args, kwargs = [vals[i] for i in self.functional_idx], {}
                 meta_out = py_meta(*tree_map(_to_meta, args), **tree_map(_to_meta, kwargs))
             else:
                 meta_out = self.op(*tree_map(_to_meta, args), **tree_map(_to_meta, kwargs))
@@ -462,6 +506,8 @@ class _Handler:
                     o.resize_(m[0])
             _C.run(lowering, enc, None, tuple(_ref(o) for o in outs))
             self._check_errors(vals, outs)
+            if lowering in _POST:
+                _POST[lowering]([vals[i] for i in self.functional_idx], outs)
             return outs[0] if len(outs) == 1 else tuple(outs)
         if self.is_inplace:
             self_t = vals[0]
@@ -475,6 +521,8 @@ class _Handler:
         refs += [_ref(vals[i]) for i in self.mutated_idx if isinstance(vals[i], torch.Tensor)]
         _C.run(lowering, enc, None, tuple(refs))
         self._check_errors(vals, outs)
+        if lowering in _POST:
+            _POST[lowering](vals, outs)
         if multi:
             return tuple(outs)
         return outs[0]

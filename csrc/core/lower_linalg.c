@@ -1128,6 +1128,91 @@ static void r_svd(tp_emit *e, const tp_node *n, tp_val *o) {
   }
 }
 
+/* ---- least squares ------------------------------------------------------------------------------------- */
+
+/* Thin SVD of any [B,m,n]: s [B,k] descending, U [B,m,k], V [B,n,k]. */
+static void svd_thin(tp_emit *e, tp_val A, tp_val *s, tp_val *U, tp_val *V) {
+  const tp_type *t = ty(e, A);
+  int64_t m = t->dims[1], nn = t->dims[2], k = m < nn ? m : nn;
+  if (m >= nn) {
+    svd_tall(e, A, k, 1, s, U, V);
+  } else {
+    svd_tall(e, tr(e, A), k, 1, s, V, U); /* A^T = V' S U'^T */
+  }
+}
+
+/* linalg_lstsq(A, B, rcond, driver) -> (solution, residuals, rank, singular_values).
+ * Every driver is computed from an SVD in f64: the minimum-norm solution with
+ * singular values <= rcond * s_max dropped (gelsd/gelss; for a matrix of full
+ * numerical rank, gels and gelsy give the same solution).  Output shapes come
+ * from the Python meta function in _dispatch.py, which also empties the
+ * residuals of a rank-deficient gelsd/gelss result like PyTorch does. */
+static void r_lstsq(tp_emit *e, const tp_node *n, tp_val *o) {
+  if (!check_float(e, n, 0) || !check_float(e, n, 1)) return;
+  const char *driver = lw_str(n, 3, "gelsy");
+  int gels = !strcmp(driver, "gels"), gelsy = !strcmp(driver, "gelsy");
+  if (!gels && !gelsy && strcmp(driver, "gelsd") && strcmp(driver, "gelss")) {
+    em_fail(e, TP_INVALID_ARGUMENT, "%s: parameter `driver` should be one of (gels, gelsy, gelsd, gelss)", n->op);
+    return;
+  }
+  const tp_type *at = ty(e, lw_arg(n, 0)->v), *bt = ty(e, lw_arg(n, 1)->v);
+  int vec = bt->rank == at->rank - 1;
+  int64_t m = at->dims[at->rank - 2], nn = at->dims[at->rank - 1], k = m < nn ? m : nn;
+  int64_t ncol = vec ? 1 : bt->dims[bt->rank - 1];
+  const tp_type *xt = &n->outs[0];
+  int br = xt->rank - (vec ? 1 : 2);
+  int64_t bd[TP_MAX_RANK] = {0};
+  for (int d = 0; d < br; d++) bd[d] = xt->dims[d];
+  int64_t RB = 1;
+  for (int d = 0; d < br; d++) RB *= bd[d];
+  tp_val A = mat_arg_bcast(e, n, 0, br, bd, WDT);
+  tp_val Y = lw_tensor(e, n, 1, WDT);
+  if (vec) { /* (*, m) -> (*, m, 1) */
+    int64_t ud[TP_MAX_RANK];
+    for (int d = 0; d < bt->rank; d++) ud[d] = bt->dims[d];
+    ud[bt->rank] = 1;
+    Y = em_reshape(e, Y, bt->rank + 1, ud);
+  }
+  int64_t yd[TP_MAX_RANK];
+  for (int d = 0; d < br; d++) yd[d] = bd[d];
+  yd[br] = m;
+  yd[br + 1] = ncol;
+  Y = em_bcast_to(e, Y, br + 2, yd);
+  int64_t y3[3] = {RB, m, ncol};
+  Y = em_reshape(e, Y, 3, y3);
+  if (RB == 0 || k == 0) {
+    /* nothing to solve: the solution is zero, residuals are |B|^2 */
+    tp_type xt3 = t3(WDT, RB, nn, ncol);
+    tp_val X = em_full(e, 0, &xt3);
+    o[0] = out_as(e, n, 0, X);
+    for (int i = 1; i < 4; i++) o[i] = zeros_out(e, n, i);
+    if (tp_type_numel(&n->outs[1]) > 0) o[1] = out_as(e, n, 1, sum_dim(e, mul(e, Y, Y), 1));
+    return;
+  }
+  tp_val sv = -1, U = -1, V = -1;
+  svd_thin(e, A, &sv, &U, &V);
+  /* rcond: None -> eps(dtype) * max(m, n); negative -> eps (LAPACK) */
+  double eps = lw_dtype(e, n, 0) == TP_F64 ? 2.220446049250313e-16 : 1.1920928955078125e-07;
+  double rc = lw_is_none(n, 2) ? eps * (double)(m > nn ? m : nn) : lw_float(n, 2, 0);
+  if (rc < 0) rc = eps;
+  int64_t s0[2] = {0, 0}, s1[2] = {RB, 1};
+  tp_val smax = em_reshape(e, em_slice(e, sv, s0, s1, NULL), 1, &RB);
+  tp_val keep = gels ? cmp(e, "GT", sv, kf(e, 0)) : em_compare(e, "GT", sv, per_batch(e, mul(e, smax, kf(e, rc)), sv));
+  tp_val inv = sel(e, keep, dvd(e, kf(e, 1), sv), kf(e, 0)); /* [RB,k] */
+  tp_val UtY = bmm(e, tr(e, U), Y);                          /* [RB,k,ncol] */
+  tp_val X = bmm(e, V, mul(e, as_cols(e, inv, ncol), UtY));  /* [RB,n,ncol] */
+  o[0] = out_as(e, n, 0, X);
+  if (tp_type_numel(&n->outs[1]) > 0) {
+    tp_val R = sub(e, bmm(e, A, X), Y);
+    o[1] = out_as(e, n, 1, sum_dim(e, mul(e, R, R), 1));
+  } else {
+    o[1] = zeros_out(e, n, 1);
+  }
+  tp_val rank = sum_dim(e, em_convert(e, keep, TP_I64), 1);
+  o[2] = tp_type_numel(&n->outs[2]) > 0 || n->outs[2].rank == 0 ? out_as(e, n, 2, rank) : zeros_out(e, n, 2);
+  o[3] = tp_type_numel(&n->outs[3]) > 0 ? out_as(e, n, 3, sv) : zeros_out(e, n, 3);
+}
+
 /* ---- matrix exponential ------------------------------------------------------------------------------ */
 
 /* exp(A) by scaling and squaring: X = A / 2^s with ||X||_1 <= 1, a degree-18
@@ -1192,5 +1277,6 @@ const tp_lower_entry tp_lower_linalg[] = {
     {"aten::_linalg_eigh", r_eigh},
     {"aten::_linalg_svd", r_svd},
     {"aten::linalg_matrix_exp", r_matrix_exp},
+    {"aten::linalg_lstsq", r_lstsq},
     {NULL, NULL},
 };

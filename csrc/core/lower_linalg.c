@@ -19,7 +19,7 @@
  *    tau = 0 when the column below the diagonal is already zero).
  *  - eigh: cyclic Jacobi, eigenvalues ascending; SVD: one-sided Jacobi
  *    (Hestenes) on the columns of the taller orientation, singular values
- *    descending; U (and Vh for wide inputs) are completed to orthonormal bases
+ *    descending; both rotate all pairs of a round-robin schedule at once; U (and Vh for wide inputs) are completed to orthonormal bases
  *    by a Householder QR of the computed vectors.  Both loops run sweeps
  *    until no pair was more than 1e-15 off (relative), at most 40 sweeps.
  *    Eigen/singular vector signs are whatever Jacobi gives (PyTorch
@@ -160,14 +160,6 @@ static tp_val set_col(tp_emit *e, tp_val A, tp_val j, tp_val v) {
   v = em_reshape(e, v, 3, d);
   tp_val z = ki(e, 0);
   tp_val st[3] = {z, z, j};
-  return em_dyn_update_slice(e, A, v, st);
-}
-static tp_val set_row(tp_emit *e, tp_val A, tp_val i, tp_val v) {
-  const tp_type *t = ty(e, v);
-  int64_t d[3] = {t->dims[0], 1, t->dims[1]};
-  v = em_reshape(e, v, 3, d);
-  tp_val z = ki(e, 0);
-  tp_val st[3] = {z, i, z};
   return em_dyn_update_slice(e, A, v, st);
 }
 /* Element j of [B,len] as [B]. */
@@ -883,17 +875,50 @@ static void r_ormqr(tp_emit *e, const tp_node *n, tp_val *o) {
 
 /* ---- Jacobi iterations ------------------------------------------------------------------------ */
 
-/* Advance the cyclic pair (p, q) over p < q < len: returns 1 in *wrap at the
- * end of a sweep (then p, q restart at 0, 1). */
-static void next_pair(tp_emit *e, tp_val p, tp_val q, int64_t len, tp_val *np, tp_val *nq, tp_val *wrap) {
-  tp_val q1 = add(e, q, ki(e, 1));
-  tp_val endrow = cmp(e, "EQ", q1, ki(e, len));
-  tp_val p1 = add(e, p, ki(e, 1));
-  tp_val pn = sel(e, endrow, p1, p), qn = sel(e, endrow, add(e, p1, ki(e, 1)), q1);
-  tp_val w = land(e, endrow, cmp(e, "EQ", p1, ki(e, len - 1)));
-  *np = sel(e, w, ki(e, 0), pn);
-  *nq = sel(e, w, ki(e, 1), qn);
-  *wrap = w;
+/* Parallel (round-robin) ordering: a sweep is N-1 steps (N = len rounded up
+ * to even); in step r every index i is paired with partner(i) -- disjoint
+ * pairs, each pair once per sweep -- and all pairs rotate at once.  With an
+ * odd len, the index paired with the missing one is its own partner (no
+ * rotation) in that step.  partner: [len] i64. */
+static tp_val rr_partner(tp_emit *e, tp_val r, int64_t len) {
+  int64_t N = len + (len & 1);
+  tp_type t = tp_type_make(TP_I64, 1, &len);
+  tp_val i = em_iota(e, &t, 0);
+  tp_val rb = em_bcast_to(e, r, 1, &len);
+  tp_val q = sub(e, add(e, mul(e, rb, ki(e, 2)), ki(e, 2 * (N - 1))), i);
+  q = lw_bin(e, "stablehlo.remainder", q, ki(e, N - 1));
+  tp_val part = sel(e, cmp(e, "EQ", i, ki(e, N - 1)), rb, sel(e, em_compare(e, "EQ", i, rb), ki(e, N - 1), q));
+  return sel(e, cmp(e, "GE", part, ki(e, len)), i, part);
+}
+
+/* X [B,r,c] with rows (dim 1) or columns (dim 2) gathered by idx [len]. */
+static tp_val gather_dim(tp_emit *e, tp_val X, tp_val idx, int dim) {
+  const tp_type *t = ty(e, X);
+  int64_t B = t->dims[0], r = t->dims[1], c = t->dims[2], tot = B * r * c;
+  tp_type it = t3(TP_I64, B, r, c);
+  int64_t map[1] = {dim};
+  tp_val pi = em_bcast_in_dim(e, idx, &it, map);
+  tp_val ri = dim == 1 ? pi : iota3(e, B, r, c, 1), ci = dim == 2 ? pi : iota3(e, B, r, c, 2);
+  tp_val lin = add(e, mul(e, iota3(e, B, r, c, 0), ki(e, r * c)), add(e, mul(e, ri, ki(e, c)), ci));
+  return em_gather_flat(e, em_reshape(e, X, 1, &tot), lin);
+}
+/* x [B,len] gathered by idx [len]; A [B,n,n] at (i, idx[i]) -> [B,n]. */
+static tp_val gather_vec(tp_emit *e, tp_val x, tp_val idx) {
+  const tp_type *t = ty(e, x);
+  int64_t B = t->dims[0], len = t->dims[1], tot = B * len;
+  tp_type it = t2(TP_I64, B, len);
+  int64_t map[1] = {1};
+  tp_val lin = add(e, mul(e, em_iota(e, &it, 0), ki(e, len)), em_bcast_in_dim(e, idx, &it, map));
+  return em_gather_flat(e, em_reshape(e, x, 1, &tot), lin);
+}
+static tp_val gather_pairs(tp_emit *e, tp_val A, tp_val p, tp_val q) { /* A[b, p[i], q[i]] */
+  const tp_type *t = ty(e, A);
+  int64_t B = t->dims[0], n = t->dims[1], tot = B * n * n;
+  tp_type it = t2(TP_I64, B, n);
+  int64_t map[1] = {1};
+  tp_val pb = em_bcast_in_dim(e, p, &it, map), qb = em_bcast_in_dim(e, q, &it, map);
+  tp_val lin = add(e, mul(e, em_iota(e, &it, 0), ki(e, n * n)), add(e, mul(e, pb, ki(e, n)), qb));
+  return em_gather_flat(e, em_reshape(e, A, 1, &tot), lin);
 }
 
 /* t = sign(z) / (|z| + sqrt(1 + z^2)) (sign(0) = 1), with z -> inf safe; c, s. */
@@ -906,13 +931,6 @@ static void rot_cs(tp_emit *e, tp_val z, tp_val active, tp_val *c, tp_val *s) {
   tp_val ss = mul(e, t, cc);
   *c = sel(e, active, cc, kf(e, 1));
   *s = sel(e, active, ss, kf(e, 0));
-}
-
-/* x' = c x - s y, y' = s x + c y for [B,len] vectors, c,s [B]. */
-static void rotate(tp_emit *e, tp_val x, tp_val y, tp_val c, tp_val s, tp_val *xo, tp_val *yo) {
-  tp_val cb = per_batch(e, c, x), sb = per_batch(e, s, x);
-  *xo = sub(e, mul(e, cb, x), mul(e, sb, y));
-  *yo = add(e, mul(e, sb, x), mul(e, cb, y));
 }
 
 /* Order of values [B,len] (descending or ascending; ties by index) as a 0/1
@@ -944,40 +962,44 @@ static void eigh(tp_emit *e, tp_val A, int want_v, tp_val *w_out, tp_val *v_out)
   int64_t B = t->dims[0], nn = t->dims[1];
   tp_val V = eye(e, B, nn, nn, WDT);
   if (B > 0 && nn > 1) {
+    int64_t steps = nn + (nn & 1) - 1; /* per sweep */
     tp_val nrm = un(e, "stablehlo.sqrt", sum_dim(e, sum_dim(e, mul(e, A, A), 2), 1)); /* [B] */
-    tp_val init[7] = {A, V, ki(e, 0), ki(e, 1), ki(e, 0), kf(e, 0), em_const(e, 0, TP_BOOL)};
-    tp_val a[7], b[7], out[7];
+    tp_val init[6] = {A, V, ki(e, 0), ki(e, 0), kf(e, 0), em_const(e, 0, TP_BOOL)};
+    tp_val a[6], b[6], out[6];
     em_loop L;
-    if (em_while_begin(e, &L, init, 7, a)) return;
-    tp_val go = land(e, un(e, "stablehlo.not", a[6]), cmp(e, "LT", a[4], ki(e, MAX_SWEEPS)));
+    if (em_while_begin(e, &L, init, 6, a)) return;
+    tp_val go = land(e, un(e, "stablehlo.not", a[5]), cmp(e, "LT", a[3], ki(e, MAX_SWEEPS)));
     if (em_while_body(e, &L, go, b)) return;
-    tp_val M = b[0], W = b[1], p = b[2], q = b[3], sweep = b[4], off = b[5];
-    tp_val rp = row(e, M, p), rq = row(e, M, q);
-    tp_val app = elem(e, rp, p), aqq = elem(e, rq, q), apq = elem(e, rp, q);
-    tp_val active = cmp(e, "NE", apq, kf(e, 0));
+    tp_val M = b[0], W = b[1], r = b[2], sweep = b[3], off = b[4];
+    tp_val part = rr_partner(e, r, nn);
+    tp_type it = tp_type_make(TP_I64, 1, &nn);
+    tp_val idx = em_iota(e, &it, 0);
+    tp_val lo1 = em_compare(e, "LT", idx, part);
+    tp_val pi = em_select(e, lo1, idx, part), qi = em_select(e, lo1, part, idx);
+    tp_val dv = diag(e, M);
+    tp_val lower = bmap(e, lo1, ty(e, dv), (const int64_t[]){1}); /* [B,n]: i is the p of its pair */
+    tp_val dp = gather_vec(e, dv, part);
+    tp_val app = em_select(e, lower, dv, dp), aqq = em_select(e, lower, dp, dv);
+    tp_val apq = gather_pairs(e, M, pi, qi);
+    tp_val paired = bmap(e, em_compare(e, "NE", idx, part), ty(e, dv), (const int64_t[]){1});
+    tp_val active = land(e, paired, cmp(e, "NE", apq, kf(e, 0)));
     tp_val z = dvd(e, sub(e, aqq, app), mul(e, kf(e, 2), sel(e, active, apq, kf(e, 1))));
     tp_val c, s;
     rot_cs(e, z, active, &c, &s);
-    /* A J (columns p, q), then J^T (A J) (rows p, q); V J */
-    tp_val cp = col(e, M, p), cq = col(e, M, q), np_, nq_;
-    rotate(e, cp, cq, c, s, &np_, &nq_);
-    M = set_col(e, set_col(e, M, p, np_), q, nq_);
-    rp = row(e, M, p);
-    rq = row(e, M, q);
-    rotate(e, rp, rq, c, s, &np_, &nq_);
-    M = set_row(e, set_row(e, M, p, np_), q, nq_);
-    if (want_v) {
-      tp_val vp = col(e, W, p), vq = col(e, W, q);
-      rotate(e, vp, vq, c, s, &np_, &nq_);
-      W = set_col(e, set_col(e, W, p, np_), q, nq_);
-    }
-    tp_val rel = dvd(e, un(e, "stablehlo.abs", apq), sel(e, cmp(e, "EQ", nrm, kf(e, 0)), kf(e, 1), nrm));
+    tp_val sg = em_select(e, lower, un(e, "stablehlo.negate", s), s);
+    /* J^T A (rows), then (J^T A) J (columns); V J */
+    M = add(e, mul(e, as_cols(e, c, nn), M), mul(e, as_cols(e, sg, nn), gather_dim(e, M, part, 1)));
+    M = add(e, mul(e, as_rows(e, c, nn), M), mul(e, as_rows(e, sg, nn), gather_dim(e, M, part, 2)));
+    if (want_v) W = add(e, mul(e, as_rows(e, c, nn), W), mul(e, as_rows(e, sg, nn), gather_dim(e, W, part, 2)));
+    tp_val den = per_batch(e, sel(e, cmp(e, "EQ", nrm, kf(e, 0)), kf(e, 1), nrm), apq);
+    tp_val rel = dvd(e, un(e, "stablehlo.abs", apq), den);
     off = em_binary(e, "stablehlo.maximum", off, max_all(e, rel));
-    tp_val pn, qn, wrap;
-    next_pair(e, p, q, nn, &pn, &qn, &wrap);
+    tp_val r1 = add(e, r, ki(e, 1));
+    tp_val wrap = cmp(e, "EQ", r1, ki(e, steps));
     tp_val done = land(e, wrap, cmp(e, "LE", off, kf(e, 1e-15)));
     /* a NaN input never converges: stop after MAX_SWEEPS */
-    tp_val next[7] = {M, W, pn, qn, sel(e, wrap, add(e, sweep, ki(e, 1)), sweep), sel(e, wrap, kf(e, 0), off), done};
+    tp_val next[6] = {M, W, sel(e, wrap, ki(e, 0), r1), sel(e, wrap, add(e, sweep, ki(e, 1)), sweep),
+                      sel(e, wrap, kf(e, 0), off), done};
     if (em_while_end(e, &L, next, out)) return;
     A = out[0];
     V = out[1];
@@ -1019,33 +1041,39 @@ static void svd_tall(tp_emit *e, tp_val A, int64_t ucols, int want_uv, tp_val *s
   int64_t B = t->dims[0], m = t->dims[1], nn = t->dims[2];
   tp_val V = eye(e, B, nn, nn, WDT);
   if (B > 0 && nn > 1 && m > 0) {
-    tp_val init[7] = {A, V, ki(e, 0), ki(e, 1), ki(e, 0), kf(e, 0), em_const(e, 0, TP_BOOL)};
-    tp_val a[7], b[7], out[7];
+    int64_t steps = nn + (nn & 1) - 1; /* per sweep */
+    tp_val init[6] = {A, V, ki(e, 0), ki(e, 0), kf(e, 0), em_const(e, 0, TP_BOOL)};
+    tp_val a[6], b[6], out[6];
     em_loop L;
-    if (em_while_begin(e, &L, init, 7, a)) return;
-    tp_val go = land(e, un(e, "stablehlo.not", a[6]), cmp(e, "LT", a[4], ki(e, MAX_SWEEPS)));
+    if (em_while_begin(e, &L, init, 6, a)) return;
+    tp_val go = land(e, un(e, "stablehlo.not", a[5]), cmp(e, "LT", a[3], ki(e, MAX_SWEEPS)));
     if (em_while_body(e, &L, go, b)) return;
-    tp_val M = b[0], W = b[1], p = b[2], q = b[3], sweep = b[4], off = b[5];
-    tp_val cp = col(e, M, p), cq = col(e, M, q);
-    tp_val al = sum_dim(e, mul(e, cp, cp), 1), be = sum_dim(e, mul(e, cq, cq), 1), ga = sum_dim(e, mul(e, cp, cq), 1);
-    tp_val active = cmp(e, "NE", ga, kf(e, 0));
+    tp_val M = b[0], W = b[1], r = b[2], sweep = b[3], off = b[4];
+    tp_val part = rr_partner(e, r, nn);
+    tp_type it = tp_type_make(TP_I64, 1, &nn);
+    tp_val idx = em_iota(e, &it, 0);
+    tp_val Mp = gather_dim(e, M, part, 2); /* partner columns */
+    tp_val nrm2 = sum_dim(e, mul(e, M, M), 1), ga = sum_dim(e, mul(e, M, Mp), 1); /* [B,n] */
+    tp_val lower = bmap(e, em_compare(e, "LT", idx, part), ty(e, nrm2), (const int64_t[]){1});
+    tp_val np2 = gather_vec(e, nrm2, part);
+    tp_val al = em_select(e, lower, nrm2, np2), be = em_select(e, lower, np2, nrm2);
+    tp_val paired = bmap(e, em_compare(e, "NE", idx, part), ty(e, nrm2), (const int64_t[]){1});
+    tp_val active = land(e, paired, cmp(e, "NE", ga, kf(e, 0)));
     tp_val z = dvd(e, sub(e, be, al), mul(e, kf(e, 2), sel(e, active, ga, kf(e, 1))));
-    tp_val c, s, np_, nq_;
+    tp_val c, s;
     rot_cs(e, z, active, &c, &s);
-    rotate(e, cp, cq, c, s, &np_, &nq_);
-    M = set_col(e, set_col(e, M, p, np_), q, nq_);
-    if (want_uv) {
-      tp_val vp = col(e, W, p), vq = col(e, W, q);
-      rotate(e, vp, vq, c, s, &np_, &nq_);
-      W = set_col(e, set_col(e, W, p, np_), q, nq_);
-    }
+    tp_val sg = em_select(e, lower, un(e, "stablehlo.negate", s), s);
+    M = add(e, mul(e, as_rows(e, c, m), M), mul(e, as_rows(e, sg, m), Mp));
+    if (want_uv) W = add(e, mul(e, as_rows(e, c, nn), W), mul(e, as_rows(e, sg, nn), gather_dim(e, W, part, 2)));
     tp_val den = un(e, "stablehlo.sqrt", mul(e, al, be));
     tp_val rel = sel(e, cmp(e, "GT", den, kf(e, 0)), dvd(e, un(e, "stablehlo.abs", ga), den), kf(e, 0));
+    rel = sel(e, paired, rel, kf(e, 0));
     off = em_binary(e, "stablehlo.maximum", off, max_all(e, rel));
-    tp_val pn, qn, wrap;
-    next_pair(e, p, q, nn, &pn, &qn, &wrap);
+    tp_val r1 = add(e, r, ki(e, 1));
+    tp_val wrap = cmp(e, "EQ", r1, ki(e, steps));
     tp_val done = land(e, wrap, cmp(e, "LE", off, kf(e, 1e-15)));
-    tp_val next[7] = {M, W, pn, qn, sel(e, wrap, add(e, sweep, ki(e, 1)), sweep), sel(e, wrap, kf(e, 0), off), done};
+    tp_val next[6] = {M, W, sel(e, wrap, ki(e, 0), r1), sel(e, wrap, add(e, sweep, ki(e, 1)), sweep),
+                      sel(e, wrap, kf(e, 0), off), done};
     if (em_while_end(e, &L, next, out)) return;
     A = out[0];
     V = out[1];

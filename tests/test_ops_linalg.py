@@ -156,6 +156,9 @@ def test_cholesky_not_pd():
     _, info = torch.linalg.cholesky_ex(a)
     _, tinfo = torch.linalg.cholesky_ex(tpu(a))
     assert info.tolist() == [0, 3, 0] and torch.equal(tinfo.cpu(), info)
+    # the factor of a failed matrix is LAPACK's: L's columns, the failed pivot, then the input
+    check(torch.linalg.cholesky_ex, a, rtol=1e-4, atol=1e-5)
+    check(lambda a: torch.linalg.cholesky_ex(a, upper=True), a, rtol=1e-4, atol=1e-5)
     with pytest.raises(torch.linalg.LinAlgError, match="order 3 is not positive-definite"):
         torch.linalg.cholesky(tpu(a))
     with pytest.raises(torch.linalg.LinAlgError, match="order 3 is not positive-definite"):

@@ -654,30 +654,34 @@ static void r_solve_triangular(tp_emit *e, const tp_node *n, tp_val *o) {
 /* ---- Cholesky ------------------------------------------------------------------------------ */
 
 /* Lower Cholesky factor of the symmetric matrix whose lower triangle A holds;
- * info = first j (1-based) whose pivot is not positive (NaN included). */
+ * info = first j (1-based) whose pivot is not positive (NaN included).  On
+ * failure at column j the result is LAPACK's (potf2): columns before j hold
+ * L, the diagonal entry j the failed pivot value, and the rest of the lower
+ * triangle the input. */
 static void cholesky(tp_emit *e, tp_val A, tp_val *Lout, tp_val *info_out) {
   const tp_type *t = ty(e, A);
   int64_t B = t->dims[0], nn = t->dims[1];
-  tp_type it = tp_type_make(TP_I32, 1, &B);
+  tp_type it = tp_type_make(TP_I32, 1, &B), ft = tp_type_make(WDT, 1, &B);
   tp_val info = em_full(e, 0, &it);
   if (B == 0 || nn == 0) {
     *Lout = A;
     *info_out = info;
     return;
   }
-  tp_val init[3] = {ki(e, 0), A, info}, a[3], b[3], out[3];
+  tp_val init[4] = {ki(e, 0), A, info, em_full(e, 0, &ft)}, a[4], b[4], out[4];
   em_loop L;
-  if (em_while_begin(e, &L, init, 3, a)) return;
+  if (em_while_begin(e, &L, init, 4, a)) return;
   if (em_while_body(e, &L, cmp(e, "LT", a[0], ki(e, nn)), b)) return;
-  tp_val j = b[0], M = b[1];
+  tp_val j = b[0], M = b[1], dfail = b[3];
   info = b[2];
   tp_val rows = iota2(e, B, nn);
   tp_val cj = col(e, M, j);
   tp_val d = elem(e, cj, j);
   tp_val ok = cmp(e, "GT", d, kf(e, 0)); /* false for NaN too */
-  tp_val fresh = cmp(e, "EQ", info, em_const_i(e, 0, TP_I32));
+  tp_val first = land(e, cmp(e, "EQ", info, em_const_i(e, 0, TP_I32)), un(e, "stablehlo.not", ok));
   tp_val jp1 = em_convert(e, add(e, j, ki(e, 1)), TP_I32);
-  info = sel(e, land(e, fresh, un(e, "stablehlo.not", ok)), jp1, info);
+  info = sel(e, first, jp1, info);
+  dfail = sel(e, first, d, dfail);
   tp_val s = un(e, "stablehlo.sqrt", d);
   tp_val below = cmp(e, "GT", rows, j);
   tp_val l = sel(e, below, dvd(e, cj, per_batch(e, s, cj)), kf(e, 0));
@@ -686,10 +690,17 @@ static void cholesky(tp_emit *e, tp_val A, tp_val *Lout, tp_val *info_out) {
   M = em_select(e, mask, upd, M);
   tp_val newc = sel(e, below, l, sel(e, cmp(e, "EQ", rows, j), per_batch(e, s, cj), kf(e, 0)));
   M = set_col(e, M, j, newc);
-  tp_val next[3] = {add(e, j, ki(e, 1)), M, info};
+  tp_val next[4] = {add(e, j, ki(e, 1)), M, info, dfail};
   if (em_while_end(e, &L, next, out)) return;
-  *Lout = tri(e, out[1], 1, 0);
-  *info_out = out[2];
+  info = out[2];
+  tp_val f = sub(e, em_convert(e, info, TP_I64), ki(e, 1)); /* failed column, -1 if none */
+  tp_val fb = per_batch(e, f, A);
+  tp_val ri = iota3(e, B, nn, nn, 1), ci = iota3(e, B, nn, nn, 2);
+  tp_val keep = em_binary(e, "stablehlo.or", cmp(e, "LT", fb, ki(e, 0)), em_compare(e, "LT", ci, fb));
+  tp_val atf = land(e, em_compare(e, "EQ", ri, fb), em_compare(e, "EQ", ci, fb));
+  tp_val res = em_select(e, keep, out[1], em_select(e, atf, per_batch(e, out[3], A), A));
+  *Lout = tri(e, res, 1, 0);
+  *info_out = info;
 }
 
 static void r_cholesky_ex(tp_emit *e, const tp_node *n, tp_val *o) {

@@ -166,6 +166,80 @@ def _to_meta_all(v):
 
 
 # --------------------------------------------------------------------------
+# Meta functions for ops PyTorch has none for (output shapes, dtypes, strides
+# as the CPU kernel gives them).
+
+
+def _meta_geqrf(a):
+    if a.dim() < 2:
+        raise RuntimeError("torch.geqrf: The input tensor A must have at least 2 dimensions.")
+    m, n = a.shape[-2:]
+    # LAPACK's column-major layout, as on the CPU
+    qr = torch.empty(a.shape, dtype=a.dtype, device="meta").mT.contiguous().mT
+    tau = torch.empty(a.shape[:-2] + (min(m, n),), dtype=a.dtype, device="meta")
+    return qr, tau
+
+
+def _meta_lstsq(a, b, rcond=None, driver=None):
+    # The checks and shapes of PyTorch's CPU linalg_lstsq.
+    if a.dim() < 2:
+        raise RuntimeError("torch.linalg.lstsq: input must have at least 2 dimensions.")
+    if a.dtype != b.dtype:
+        raise RuntimeError(f"torch.linalg.lstsq: Expected input and other to have the same dtype, "
+                           f"but got input's dtype {a.dtype} and other's dtype {b.dtype}")
+    dim_diff = a.dim() - b.dim()
+    if not 0 <= dim_diff <= 1:
+        raise RuntimeError("torch.linalg.lstsq: input.dim() must be greater or equal to other.dim() and "
+                           "(input.dim() - other.dim()) <= 1")
+    vector = dim_diff == 1
+    bm = b.unsqueeze(-1) if vector else b
+    m, n = a.shape[-2:]
+    if bm.shape[-2] != m:
+        raise RuntimeError("torch.linalg.lstsq: input.size(-2) should match other.size(-2)")
+    driver = "gelsy" if driver is None else driver
+    if driver not in ("gels", "gelsy", "gelsd", "gelss"):
+        raise RuntimeError("torch.linalg.lstsq: parameter `driver` should be one of (gels, gelsy, gelsd, gelss)")
+    batch = torch.broadcast_shapes(a.shape[:-2], bm.shape[:-2])
+    k = bm.shape[-1]
+    sol = batch + ((n,) if vector else (n, k))
+    res = (batch + (() if vector else (k,))) if (m > n and driver != "gelsy") else (0,)
+    rank = batch if driver != "gels" else (0,)
+    sv = batch + (min(m, n),) if driver in ("gelsd", "gelss") else (0,)
+    real = a.dtype.to_real() if a.is_complex() else a.dtype
+    e = functools.partial(torch.empty, device="meta")
+    return e(sol, dtype=a.dtype), e(res, dtype=real), e(rank, dtype=torch.int64), e(sv, dtype=real)
+
+
+def _lstsq_post(vals, outs):
+    # gelsd/gelss report residuals only when every matrix has full rank.
+    a, drv = vals[0], vals[3] or "gelsy"
+    m, n = a.shape[-2:]
+    if drv in ("gelsd", "gelss") and m > n and outs[1].numel() and bool((outs[2] < n).any()):
+        outs[1].resize_(0)
+
+
+_PY_META = {"aten::geqrf": _meta_geqrf, "aten::linalg_lstsq": _meta_lstsq}
+# Run after the lowering, with (argument values, outputs): output fix-ups
+# that depend on computed values.
+_POST = {"aten::linalg_lstsq": _lstsq_post}
+
+# linalg ops whose CPU kernels factor A^T instead of A when A is contiguous
+# (and real), which their LU / pivots outputs show: the rule to run on A^T
+# (det(A^T) = det(A)).
+_LU_OF_TRANSPOSE = {
+    "aten::_linalg_det": "aten::_linalg_det",
+    "aten::_linalg_slogdet": "aten::_linalg_slogdet",
+}
+
+# linalg ops with a check_errors argument -> the API name in PyTorch's errors.
+_CHECK_ERRORS = {
+    "aten::linalg_cholesky_ex": "linalg.cholesky_ex",
+    "aten::linalg_inv_ex": "linalg.inv_ex",
+    "aten::_linalg_solve_ex": "torch.linalg.solve_ex",
+    "aten::linalg_lu_factor_ex": "torch.linalg.lu_factor_ex",
+}
+
+# --------------------------------------------------------------------------
 # Per-op handlers
 
 
@@ -237,6 +311,18 @@ class _Handler:
             self.plan = (self.lowering, tuple(self.defaults), bytes(self.number_is_scalar),
                          self.numbers_by_value, self.meta_cache, CODE, torch.empty_strided, _DEVICES,
                          self.is_inplace, torch._C.TensorBase, torch.dtype)
+
+    def _check_errors(self, vals, outs):
+        """linalg *_ex ops with check_errors=True raise like PyTorch's CPU
+        kernels do when their `info` output (the last one) reports a failure
+        (this reads info back to the host)."""
+        api = _CHECK_ERRORS.get(self.name.split(".")[0])
+        if api is None:
+            return
+        i = next((k for k, a in enumerate(self.args_schema) if a.name == "check_errors"), None)
+        if i is None or not vals[i]:
+            return
+        torch._linalg_check_errors(outs[-1], api, is_matrix=vals[0].dim() == 2)
 
     def _functional_for_out(self):
         """The functional overload an out= overload computes, if it has a lowering."""
@@ -325,8 +411,15 @@ class _Handler:
         return (device if device is not None else 0), enc, tuple(key)
 
     def _meta(self, args, kwargs):
+        py_meta = _PY_META.get(self.name) or (_PY_META.get(self.lowering) if self.is_out else None)
         try:
-            meta_out = self.op(*tree_map(_to_meta, args), **tree_map(_to_meta, kwargs))
+            if py_meta is not None:
+                if self.is_out:  # the functional arguments only
+                    vals = self._values(args, kwargs, self.all_args)
+                    args, kwargs = [vals[i] for i in self.functional_idx], {}
+                meta_out = py_meta(*tree_map(_to_meta, args), **tree_map(_to_meta, kwargs))
+            else:
+                meta_out = self.op(*tree_map(_to_meta, args), **tree_map(_to_meta, kwargs))
         except RuntimeError as e:
             msg = str(e)
             if "Expected a value of type 'Tensor'" in msg:
@@ -405,13 +498,24 @@ class _Handler:
                 self.meta_cache.clear()
             self.meta_cache[key] = spec
         multi, specs = spec
+        lowering = self.lowering
+        swap = _LU_OF_TRANSPOSE.get(lowering)
+        if swap is not None and vals[0].is_contiguous() and not vals[0].is_complex():
+            # PyTorch's CPU kernel factors A^T here (no copy for a row-major A),
+            # and its LU / pivots outputs (and their backward) say so.
+            vals = [vals[0].mT] + list(vals[1:])
+            device, enc_all, _ = self._encode_and_key(vals)
+            lowering = swap
         enc = tuple(enc_all) if self.all_functional else tuple(enc_all[i] for i in self.functional_idx)
         if self.is_out:
             outs = [vals[i] for i in self.out_idx]
             for o, m in zip(outs, specs):
                 if m is not None and o.shape != m[0]:
                     o.resize_(m[0])
-            _C.run(self.lowering, enc, None, tuple(_ref(o) for o in outs))
+            _C.run(lowering, enc, None, tuple(_ref(o) for o in outs))
+            self._check_errors(vals, outs)
+            if lowering in _POST:
+                _POST[lowering]([vals[i] for i in self.functional_idx], outs)
             return outs[0] if len(outs) == 1 else tuple(outs)
         if self.is_inplace:
             self_t = vals[0]
@@ -423,7 +527,10 @@ class _Handler:
         # the rule receives only the defined ones, in order.
         refs = [_ref(o) for o in outs if o is not None]
         refs += [_ref(vals[i]) for i in self.mutated_idx if isinstance(vals[i], torch.Tensor)]
-        _C.run(self.lowering, enc, None, tuple(refs))
+        _C.run(lowering, enc, None, tuple(refs))
+        self._check_errors(vals, outs)
+        if lowering in _POST:
+            _POST[lowering](vals, outs)
         if multi:
             return tuple(outs)
         return outs[0]
@@ -599,7 +706,15 @@ def _fused_sdp_choice(*args, **kwargs):
     return 0
 
 
+def _cholesky(self, upper=False):
+    # The deprecated torch.cholesky raises on a non positive-definite input.
+    L, info = torch.ops.aten.linalg_cholesky_ex.default(self, upper=upper)
+    torch._linalg_check_errors(info, "cholesky", is_matrix=self.dim() == 2)
+    return L
+
+
 _SPECIAL = {
+    "aten::cholesky": _cholesky,
     "aten::_fused_sdp_choice": _fused_sdp_choice,
     "aten::_copy_from": _copy_from,
     "aten::_copy_from_and_resize": _copy_from_and_resize,

@@ -456,6 +456,32 @@ tp_val em_update_slice(tp_emit *e, tp_val x, tp_val upd, const int64_t *start) {
   return emit_line(e, "stablehlo.dynamic_update_slice", NULL, in, r + 2, &t);
 }
 
+tp_val em_dyn_slice(tp_emit *e, tp_val x, const tp_val *start, const int64_t *sizes) {
+  if (bad(e, x)) return -1;
+  tp_type t = e->types[x];
+  int r = t.rank;
+  tp_val in[TP_MAX_RANK + 1];
+  in[0] = x;
+  for (int i = 0; i < r; i++) {
+    in[1 + i] = start[i];
+    t.dims[i] = sizes[i];
+  }
+  char attrs[256];
+  attr_ints(attrs, sizeof attrs, "slice_sizes", sizes, r);
+  return emit_line(e, "stablehlo.dynamic_slice", attrs, in, r + 1, &t);
+}
+
+tp_val em_dyn_update_slice(tp_emit *e, tp_val x, tp_val upd, const tp_val *start) {
+  if (bad(e, x) || bad(e, upd)) return -1;
+  tp_type t = e->types[x];
+  int r = t.rank;
+  tp_val in[TP_MAX_RANK + 2];
+  in[0] = x;
+  in[1] = upd;
+  for (int i = 0; i < r; i++) in[2 + i] = start[i];
+  return emit_line(e, "stablehlo.dynamic_update_slice", NULL, in, r + 2, &t);
+}
+
 /* ---- elementwise ------------------------------------------------------------ */
 
 tp_val em_unary(tp_emit *e, const char *op, tp_val x) {

@@ -81,6 +81,10 @@ tp_val em_pad(tp_emit *e, tp_val x, tp_val padval, const int64_t *lo, const int6
 tp_val em_concat(tp_emit *e, const tp_val *xs, int n, int dim);
 /* dynamic_update_slice with constant start indices. */
 tp_val em_update_slice(tp_emit *e, tp_val x, tp_val upd, const int64_t *start);
+/* dynamic_slice / dynamic_update_slice at runtime start indices: start[i] is a
+ * rank-0 integer value per dim of x (XLA clamps starts so the slice fits). */
+tp_val em_dyn_slice(tp_emit *e, tp_val x, const tp_val *start, const int64_t *sizes);
+tp_val em_dyn_update_slice(tp_emit *e, tp_val x, tp_val upd, const tp_val *start);
 
 /* ---- elementwise ------------------------------------------------------------ */
 tp_val em_unary(tp_emit *e, const char *op, tp_val x);            /* "stablehlo.exponential" */

@@ -218,10 +218,29 @@ def _lstsq_post(vals, outs):
         outs[1].resize_(0)
 
 
+def _nonfinite(t):
+    return t.numel() > 0 and not bool(torch.isfinite(t).all())
+
+
+def _svd_post(vals, outs):
+    # LAPACK fails on a non-finite input and PyTorch raises (our Jacobi
+    # iteration gives NaNs, which is how the failure is seen here).
+    if _nonfinite(outs[1]):
+        raise torch.linalg.LinAlgError(
+            "linalg.svd: The algorithm failed to converge because the input matrix contained non-finite values.")
+
+
+def _eigh_post(vals, outs):
+    if _nonfinite(outs[0]):
+        raise torch.linalg.LinAlgError(
+            "linalg.eigh: The algorithm failed to converge because the input matrix is ill-conditioned or has "
+            "too many repeated eigenvalues (it contains non-finite values).")
+
+
 _PY_META = {"aten::geqrf": _meta_geqrf, "aten::linalg_lstsq": _meta_lstsq}
 # Run after the lowering, with (argument values, outputs): output fix-ups
 # that depend on computed values (keyed by the functional op's name).
-_POST = {"aten::linalg_lstsq": _lstsq_post}
+_POST = {"aten::linalg_lstsq": _lstsq_post, "aten::_linalg_svd": _svd_post, "aten::_linalg_eigh": _eigh_post}
 
 # linalg ops whose CPU kernels factor A^T instead of A when A is contiguous
 # (and real), which their LU / pivots outputs show: the rule to run on A^T

@@ -297,6 +297,15 @@ def test_lstsq_rank_deficient_and_vector():
     check(torch.linalg.lstsq, randn(5, 3), randn(5, seed=1), rtol=1e-4, atol=1e-5)
 
 
+def test_non_finite_input_raises():
+    for x in [torch.full((3, 3), float("nan")), torch.tensor([[1.0, float("inf")], [0.0, 1.0]])]:
+        for f in [torch.linalg.svd, torch.linalg.svdvals, torch.linalg.pinv]:
+            with pytest.raises(torch.linalg.LinAlgError, match="linalg.svd: The algorithm failed to converge"):
+                f(tpu(x))
+        with pytest.raises(torch.linalg.LinAlgError, match="linalg.eigh: The algorithm failed to converge"):
+            torch.linalg.eigvalsh(tpu(x.mT))  # the lower triangle is read
+
+
 def test_refusals():
     c = torch.randn(3, 3, dtype=torch.complex64)
     with pytest.raises(NotImplementedError, match="complex"):

@@ -218,10 +218,29 @@ def _lstsq_post(vals, outs):
         outs[1].resize_(0)
 
 
+def _nonfinite(t):
+    return t.numel() > 0 and not bool(torch.isfinite(t).all())
+
+
+def _svd_post(vals, outs):
+    # LAPACK fails on a non-finite input and PyTorch raises (our Jacobi
+    # iteration gives NaNs, which is how the failure is seen here).
+    if _nonfinite(outs[1]):
+        raise torch.linalg.LinAlgError(
+            "linalg.svd: The algorithm failed to converge because the input matrix contained non-finite values.")
+
+
+def _eigh_post(vals, outs):
+    if _nonfinite(outs[0]):
+        raise torch.linalg.LinAlgError(
+            "linalg.eigh: The algorithm failed to converge because the input matrix is ill-conditioned or has "
+            "too many repeated eigenvalues (it contains non-finite values).")
+
+
 _PY_META = {"aten::geqrf": _meta_geqrf, "aten::linalg_lstsq": _meta_lstsq}
 # Run after the lowering, with (argument values, outputs): output fix-ups
-# that depend on computed values.
-_POST = {"aten::linalg_lstsq": _lstsq_post}
+# that depend on computed values (keyed by the functional op's name).
+_POST = {"aten::linalg_lstsq": _lstsq_post, "aten::_linalg_svd": _svd_post, "aten::_linalg_eigh": _eigh_post}
 
 # linalg ops whose CPU kernels factor A^T instead of A when A is contiguous
 # (and real), which their LU / pivots outputs show: the rule to run on A^T
@@ -303,26 +322,32 @@ class _Handler:
             if a.alias_info is not None and a.alias_info.is_write] or list(_MUTATES.get(self.name, ()))
         # Tensor?[] index lists may hold CPU tensors (PyTorch moves them).
         self.index_lists = [i for i, a in enumerate(self.args_schema) if str(a.type) == "List[Optional[Tensor]]"]
+        # linalg conventions beyond the values (_LU_OF_TRANSPOSE, _CHECK_ERRORS, _POST)
+        ce = next((i for i, a in enumerate(self.args_schema) if a.name == "check_errors"), None)
+        api = _CHECK_ERRORS.get(self.lowering)
+        self.check_errors = (api, ce) if api is not None and ce is not None else None
+        self.swap = _LU_OF_TRANSPOSE.get(self.lowering)
+        self.post = _POST.get(self.lowering)
+        self.linalg = bool(self.check_errors or self.swap or self.post)
         # The C fast path (_C.fast_call) serves plain calls whose output specs
         # are in meta_cache; it returns NotImplemented for anything else.
         self.plan = None
         if (self.lowering is not None and not self.is_out and not self.index_lists and not self.mutated_idx
-                and self.all_functional and len(self.args_schema) <= 24):
+                and self.all_functional and not self.linalg and len(self.args_schema) <= 24):
             self.plan = (self.lowering, tuple(self.defaults), bytes(self.number_is_scalar),
                          self.numbers_by_value, self.meta_cache, CODE, torch.empty_strided, _DEVICES,
                          self.is_inplace, torch._C.TensorBase, torch.dtype)
 
-    def _check_errors(self, vals, outs):
+    def _after(self, vals, outs):
         """linalg *_ex ops with check_errors=True raise like PyTorch's CPU
         kernels do when their `info` output (the last one) reports a failure
-        (this reads info back to the host)."""
-        api = _CHECK_ERRORS.get(self.name.split(".")[0])
-        if api is None:
-            return
-        i = next((k for k, a in enumerate(self.args_schema) if a.name == "check_errors"), None)
-        if i is None or not vals[i]:
-            return
-        torch._linalg_check_errors(outs[-1], api, is_matrix=vals[0].dim() == 2)
+        (this reads info back to the host); then _POST fix-ups."""
+        if self.check_errors is not None:
+            api, i = self.check_errors
+            if vals[i]:
+                torch._linalg_check_errors(outs[-1], api, is_matrix=vals[0].dim() == 2)
+        if self.post is not None:
+            self.post(vals, outs)
 
     def _functional_for_out(self):
         """The functional overload an out= overload computes, if it has a lowering."""
@@ -499,13 +524,12 @@ class _Handler:
             self.meta_cache[key] = spec
         multi, specs = spec
         lowering = self.lowering
-        swap = _LU_OF_TRANSPOSE.get(lowering)
-        if swap is not None and vals[0].is_contiguous() and not vals[0].is_complex():
+        if self.swap is not None and vals[0].is_contiguous() and not vals[0].is_complex():
             # PyTorch's CPU kernel factors A^T here (no copy for a row-major A),
             # and its LU / pivots outputs (and their backward) say so.
             vals = [vals[0].mT] + list(vals[1:])
             device, enc_all, _ = self._encode_and_key(vals)
-            lowering = swap
+            lowering = self.swap
         enc = tuple(enc_all) if self.all_functional else tuple(enc_all[i] for i in self.functional_idx)
         if self.is_out:
             outs = [vals[i] for i in self.out_idx]
@@ -513,9 +537,8 @@ class _Handler:
                 if m is not None and o.shape != m[0]:
                     o.resize_(m[0])
             _C.run(lowering, enc, None, tuple(_ref(o) for o in outs))
-            self._check_errors(vals, outs)
-            if lowering in _POST:
-                _POST[lowering]([vals[i] for i in self.functional_idx], outs)
+            if self.linalg:
+                self._after(vals, outs)
             return outs[0] if len(outs) == 1 else tuple(outs)
         if self.is_inplace:
             self_t = vals[0]
@@ -528,9 +551,8 @@ class _Handler:
         refs = [_ref(o) for o in outs if o is not None]
         refs += [_ref(vals[i]) for i in self.mutated_idx if isinstance(vals[i], torch.Tensor)]
         _C.run(lowering, enc, None, tuple(refs))
-        self._check_errors(vals, outs)
-        if lowering in _POST:
-            _POST[lowering](vals, outs)
+        if self.linalg:
+            self._after(vals, outs)
         if multi:
             return tuple(outs)
         return outs[0]

@@ -594,6 +594,37 @@ TEST(test_emit_while) {
   em_free(e);
 }
 
+/* ---- emitter: runtime-indexed slices ----------------------------------------- */
+
+/* row = x[i:i+1, :] at a runtime i = 1; out = x with row 0 replaced by it. */
+TEST(test_emit_dyn_slice) {
+  tp_emit *e = em_new();
+  tp_type t = tp_type_make(TP_F32, 2, k2x3);
+  tp_val x = em_param(e, &t);
+  tp_val zero = em_const_i(e, 0, TP_I64), one = em_const_i(e, 1, TP_I64);
+  tp_val st[2] = {one, zero};
+  int64_t sz[2] = {1, 3};
+  tp_val row = em_dyn_slice(e, x, st, sz);
+  CHECK(em_type(e, row)->dims[0] == 1 && em_type(e, row)->dims[1] == 3);
+  tp_val st0[2] = {zero, zero};
+  tp_val out = em_dyn_update_slice(e, x, row, st0);
+  const char *text = em_finish(e, &out, 1);
+  CHECK(text != NULL);
+  tp_exec *ex = text ? compile(text) : NULL;
+  if (ex) {
+    tp_buffer *xb = make_f32(0, kA, k2x3, 2);
+    tp_buffer *o[1] = {NULL};
+    CHECK_OK(tp_execute(ex, 0, &xb, 1, 0, o, 1));
+    float r[6] = {0};
+    if (o[0]) CHECK_OK(tp_buffer_to_host(o[0], r, sizeof r));
+    for (int i = 0; i < 6; i++) CHECK(r[i] == kA[3 + i % 3]);
+    tp_buffer_free(o[0]);
+    tp_buffer_free(xb);
+    tp_exec_free(ex);
+  }
+  em_free(e);
+}
+
 int main(void) {
   RUN(test_status);
   RUN(test_dtype);
@@ -630,6 +661,7 @@ int main(void) {
   RUN(test_serialize_round_trip);
   RUN(test_threads);
   RUN(test_emit_while);
+  RUN(test_emit_dyn_slice);
   tp_plugin_destroy(P);
   return ctest_finish();
 }

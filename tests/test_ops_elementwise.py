@@ -1051,6 +1051,8 @@ def test_fill_uint8_wraps_documented():
 # ---- compiled graphs: the entries eager mode never reaches -------------------------------------
 
 def test_compiled_graph_entries():
+    import torch._prims  # noqa: F401  registers torch.ops.prims (not imported by `import torch`)
+
     def f(x, i):
         z = torch.zeros(2, 3, device=x.device) + torch.ones(2, 3, device=x.device)
         full = torch.full((2, 3), 2.5, device=x.device)

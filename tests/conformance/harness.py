@@ -262,6 +262,20 @@ def _leaves(x, out):
 
 
 def _to_tpu_tensor(t):
+    st = t.untyped_storage() if t.layout == torch.strided else None
+    esize = t.element_size()
+    if st is not None and (t.storage_offset() != 0 or st.nbytes() != t.numel() * esize) \
+            and not t.is_conj() and not t.is_neg() and st.nbytes() % esize == 0:
+        # A view that does not cover its storage (base[5:15], an expanded
+        # tensor): copy the whole storage and take the same view of it, so
+        # that ops that see the storage (as_strided with a storage_offset)
+        # read what they read on CPU, and rules meet the same layouts.
+        with torch.no_grad():
+            base = torch.empty(0, dtype=t.dtype).set_(st, 0, (st.nbytes() // esize,), (1,)).to("tpu")
+        r = base.as_strided(t.shape, t.stride(), t.storage_offset())
+        if t.requires_grad:
+            r.requires_grad_(True)
+        return r
     with torch.no_grad():
         r = t.detach().to("tpu")
     if t.requires_grad:

@@ -133,11 +133,11 @@ def test_layer_norm_stats_and_dtypes():
     for dtype in (F32, BF16):
         x = rnd(2, 3, 8, dtype=dtype, grad=False)
         w = rnd(3, 8, dtype=dtype, grad=False, seed=1)
-        # native_layer_norm itself: mean/rstd shaped [2, 1, 1].  Their dtype is
-        # what the meta function says: f32 for bf16 (CPU's kernel returns bf16).
+        # native_layer_norm itself: mean/rstd shaped [2, 1, 1], in CPU's dtype:
+        # the input's (the meta function says f32 for bf16, as CUDA does).
         out = aten.native_layer_norm(x.to("tpu"), [3, 8], w.to("tpu"), None, 1e-5)
         exp = aten.native_layer_norm(x.float(), [3, 8], w.float(), None, 1e-5)
-        assert out[0].dtype == dtype and out[1].dtype == F32 and out[2].dtype == F32
+        assert out[0].dtype == dtype and out[1].dtype == dtype and out[2].dtype == dtype
         assert out[1].shape == (2, 1, 1) and out[2].shape == (2, 1, 1)
         tol = 1e-5 if dtype == F32 else 1e-2
         for a, b in zip(out, exp):
@@ -646,3 +646,32 @@ def test_group_norm_backward_masks(mask):
     for r, e, m in zip(res, exp, mask):
         if m:
             assert_close(r, e, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("xd,pd", [(F32, F32), (BF16, BF16), (BF16, F32), (torch.float16, None)])
+def test_norm_saved_stats_like_cpu(xd, pd):
+    # The saved statistics have CPU's dtypes (the input's; float32 when a
+    # reduced-precision input has float32 parameters) and, for batch norm
+    # outside training, CPU's empty shape [0].
+    x = rnd(3, 2, 4, grad=False).to(xd)
+    p = (lambda k, s: None) if pd is None else (lambda k, s: rnd(k, grad=False, seed=s).to(pd))
+    rm, rv = rnd(2, grad=False, seed=3).to(pd or xd), (rnd(2, grad=False, seed=4).abs() + 0.5).to(pd or xd)
+    cases = [
+        lambda x, w, b, rm, rv: aten.native_layer_norm(x, [4], None if w is None else w.new_ones(4), None, 1e-5),
+        lambda x, w, b, rm, rv: aten.native_group_norm(x, w, b, 3, 2, 4, 2, 1e-5),
+        lambda x, w, b, rm, rv: aten._native_batch_norm_legit(x, w, b, True, 0.1, 1e-5),
+        lambda x, w, b, rm, rv: aten._native_batch_norm_legit_no_training(x, w, b, rm, rv, 0.1, 1e-5),
+    ]
+    for training in (True, False):
+        cases.append(lambda x, w, b, rm, rv, t=training: aten.native_batch_norm(x, w, b, rm.clone(), rv.clone(), t,
+                                                                                 0.1, 1e-5))
+        cases.append(lambda x, w, b, rm, rv, t=training: aten._native_batch_norm_legit(x, w, b, rm.clone(), rv.clone(),
+                                                                                        t, 0.1, 1e-5))
+    w, b = p(2, 1), p(2, 2)
+    for fn in cases:
+        exp = fn(x, w, b, rm, rv)
+        got = fn(*[None if a is None else a.to("tpu") for a in (x, w, b, rm, rv)])
+        for e, g in zip(exp, got):
+            assert (g.dtype, g.shape) == (e.dtype, e.shape)
+            tol = 1e-5 if e.dtype == F32 and xd == F32 else 2e-2
+            torch.testing.assert_close(g.cpu().float(), e.float(), rtol=tol, atol=tol)

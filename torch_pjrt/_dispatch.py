@@ -97,6 +97,43 @@ def _scalar_code(v):
 # Ops that update arguments in place without saying so in their schema.
 _MUTATES = {"aten::native_batch_norm": (3, 4)}
 
+def _stats_dtype(vals, x, params):
+    """dtype of a normalisation's saved statistics on CPU: the input's,
+    or float32 when a reduced-precision input has float32 parameters."""
+    dt = vals[x].dtype
+    if dt in (torch.float16, torch.bfloat16) and any(
+            isinstance(vals[i], torch.Tensor) and vals[i].dtype == torch.float32 for i in params):
+        return torch.float32
+    return dt
+
+
+def _norm_stats(x, params, training=None):
+    """A spec fix for a normalisation op: outputs 1 and 2 (the saved
+    statistics) get CPU's dtype, and CPU's empty shape when not training
+    (the meta functions give CUDA's float32, [C])."""
+    def fix(vals, specs):
+        dt = _stats_dtype(vals, x, params)
+        empty = training is not None and (training is False or not vals[training])
+        out = list(specs)
+        for i in (1, 2):
+            if i < len(out) and out[i] is not None:
+                shape, stride, _ = out[i]
+                out[i] = ((0,), (1,), dt) if empty else (shape, stride, dt)
+        return tuple(out)
+    return fix
+
+
+# Ops whose meta function's outputs differ from what PyTorch's CPU kernel
+# returns: name -> fix(argument values, output specs) -> output specs.
+_SPEC_FIX = {
+    "aten::native_layer_norm": _norm_stats(0, (2, 3)),
+    "aten::native_group_norm": _norm_stats(0, (1, 2)),
+    "aten::native_batch_norm": _norm_stats(0, (1, 2, 3, 4), training=5),
+    "aten::_native_batch_norm_legit": _norm_stats(0, (1, 2, 3, 4), training=5),
+    "aten::_native_batch_norm_legit.no_stats": _norm_stats(0, (1, 2)),
+    "aten::_native_batch_norm_legit_no_training": _norm_stats(0, (1, 2, 3, 4), training=False),
+}
+
 # Ops whose output shape (or whose errors) depend on the value of a Python number.
 _SHAPE_FROM_VALUES = {"arange", "linspace", "logspace", "range", "pow", "full"}
 
@@ -393,6 +430,9 @@ class _Handler:
         spec = self.meta_cache.get(key)
         if spec is None:
             spec = self._meta(args, kwargs)
+            fix = _SPEC_FIX.get(self.name)
+            if fix is not None:
+                spec = (spec[0], fix(vals, spec[1]))
             if len(self.meta_cache) > 4096:
                 self.meta_cache.clear()
             self.meta_cache[key] = spec

@@ -675,3 +675,27 @@ def test_norm_saved_stats_like_cpu(xd, pd):
             assert (g.dtype, g.shape) == (e.dtype, e.shape)
             tol = 1e-5 if e.dtype == F32 and xd == F32 else 2e-2
             torch.testing.assert_close(g.cpu().float(), e.float(), rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("dtype", [F32, BF16])
+@pytest.mark.parametrize("fn,xs,out", [
+    (F.adaptive_max_pool1d, (3, 4, 4), 3), (F.adaptive_max_pool1d, (2, 3, 7), 5),
+    (F.adaptive_max_pool2d, (1, 4, 4, 4), (2, 3)), (F.adaptive_max_pool2d, (2, 3, 5, 7), (3, 4)),
+    (F.adaptive_max_pool2d, (3, 5, 7), (4, None)), (F.adaptive_max_pool2d, (2, 3, 5, 7), (7, 9)),
+    (F.adaptive_max_pool2d, (2, 3, 6, 8), (3, 4)), (F.adaptive_max_pool3d, (3, 3, 4, 4, 6), (2, 3, None)),
+    (F.adaptive_max_pool3d, (2, 5, 7, 3), (3, 4, 2))])
+def test_adaptive_max_pool(fn, xs, out, dtype):
+    # Uneven, overlapping, larger-than-input and even bins; values, indices
+    # and gradients.
+    x = rnd(*xs, dtype=dtype)
+    check_any(lambda x: fn(x, out, True), x, grad=True, dtype=dtype)
+    # Ties (the first maximum in row-major order wins) and NaN (the last NaN
+    # in the window wins, as in PyTorch's CPU kernel): indices compared exactly.
+    g = torch.Generator().manual_seed(3)
+    xt = torch.randint(0, 3, xs, generator=g).to(dtype)
+    xn = xt.masked_fill(xt == 2, float("nan"))
+    for v in (xt, xn):
+        ev, ei = fn(v, out, True)
+        av, ai = fn(v.to("tpu"), out, True)
+        assert torch.equal(ai.cpu(), ei)
+        torch.testing.assert_close(av.cpu(), ev, equal_nan=True, rtol=0, atol=0)

@@ -559,12 +559,17 @@ def _fallback(op, *args, **kwargs):
     if decomp is not None:
         _state.decomp_depth = depth + 1
         try:
-            return decomp(*args, **kwargs)
+            res = decomp(*args, **kwargs)
         except NotImplementedError:
             if not _cpu_fallback:
                 raise
+            res = NotImplemented
         finally:
             _state.decomp_depth = depth
+        # Some decompositions cover only some cases and return NotImplemented
+        # for the others (adaptive_max_pool2d with uneven windows).
+        if res is not NotImplemented:
+            return res
     if _cpu_fallback:
         return _run_on_cpu(op, args, kwargs)
     raise _unsupported(op)

@@ -699,3 +699,31 @@ def test_adaptive_max_pool(fn, xs, out, dtype):
         av, ai = fn(v.to("tpu"), out, True)
         assert torch.equal(ai.cpu(), ei)
         torch.testing.assert_close(av.cpu(), ev, equal_nan=True, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("mode", ["reflect", "replicate", "circular"])
+@pytest.mark.parametrize("dtype", [F32, BF16, torch.float16])
+@pytest.mark.parametrize("xs,pad", [((1, 3), (1, 2)), ((2, 3, 4), (3, 0)), ((2, 3, 4, 5), (1, 2, 2, 1)),
+                                    ((1, 2, 3, 4, 5), (1, 1, 2, 1, 0, 2)), ((5, 3, 4, 4), (-1, 2, 0, -2))])
+def test_pad_modes(mode, dtype, xs, pad):
+    # reflect/replicate decompose through out= overloads that compute f16/bf16
+    # in f32 (their results must land in the out tensor); replicate's
+    # backward is a rule; exact values, float32 gradients.
+    if mode != "replicate" and min(pad) < 0:
+        pytest.skip("negative padding is replicate/constant only")
+    x = rnd(*xs, dtype=dtype, grad=dtype == F32)
+    got = check(lambda x: F.pad(x, pad, mode), x, grad=dtype == F32, rtol=0 if dtype != F32 else None,
+                atol=0 if dtype != F32 else None)
+    assert got.dtype == dtype
+
+
+def test_pad_out_overload_writes_out():
+    x = rnd(2, 3, 4, dtype=BF16, grad=False)
+    out = torch.empty(2, 3, 7, dtype=BF16, device="tpu")
+    r = aten.reflection_pad1d.out(x.to("tpu"), [1, 2], out=out)
+    assert r is out
+    assert torch.equal(out.cpu(), F.pad(x, (1, 2), "reflect"))
+    g = rnd(2, 3, 7, grad=False, seed=1)
+    gi = torch.empty(2, 3, 4, device="tpu")
+    aten.replication_pad1d_backward.grad_input(g.to("tpu"), x.float().to("tpu"), [1, 2], grad_input=gi)
+    torch.testing.assert_close(gi.cpu(), aten.replication_pad1d_backward(g, x.float(), [1, 2]))

@@ -788,3 +788,13 @@ def test_as_strided_of_partial_view(offset):
     xc.as_strided((2, 2), (1, 2), **kw).backward(g)
     xg.as_strided((2, 2), (1, 2), **kw).backward(g.to("tpu"))
     assert_close(xg.grad, xc.grad)
+
+
+def test_tensor_split_tensor_indices():
+    # The indices tensor must be on the CPU, as on CUDA (PyTorch reads its values).
+    x = rnd(5, 6, 5, grad=True)
+    for args in [(torch.tensor([1, 2, 3]),), (torch.tensor(2),), (torch.tensor([1, 4]), 1),
+                 (torch.tensor([1, 4, 2, 5, 3, 6])[::2], -1), (torch.tensor([0, 7]), 1)]:
+        check(lambda x: torch.tensor_split(x, *args), x, grad=True)
+    with pytest.raises(RuntimeError, match="to be on cpu"):
+        torch.tensor_split(x.detach().to("tpu"), torch.tensor([1, 2], device="tpu"))

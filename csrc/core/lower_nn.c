@@ -874,6 +874,62 @@ static tp_val scatter_add_dim(tp_emit *e, tp_val v, int d, const int64_t *idx, i
   return em_reshape(e, r, ot.rank, ot.dims);
 }
 
+/* ---- padding ------------------------------------------------------------------------------- */
+
+/* replication_padNd_backward(grad_output, self, padding): output position j
+ * of a padded dim read input position clamp(j - left, 0, I - 1), so the
+ * gradient is scatter-added back dim by dim (padding as in F.pad: last dim
+ * first; negative entries crop). */
+static void replication_pad_backward(tp_emit *e, const tp_node *n, tp_val *o, int nsp) {
+  tp_type xt = *em_type(e, lw_value(e, n, 1));
+  tp_dtype ct = lw_opmath(n->outs[0].dt);
+  tp_val g = lw_tensor(e, n, 0, ct);
+  const int64_t *pad;
+  int np = lw_ints(n, 2, &pad);
+  int L = xt.rank - nsp;
+  if (np != 2 * nsp || L < 0 || em_type(e, g)->rank != xt.rank) {
+    o[0] = em_fail(e, TP_INVALID_ARGUMENT, "%s: expected %d padding values and a %dD or %dD input", n->op, 2 * nsp,
+                   nsp + 1, nsp + 2);
+    return;
+  }
+  for (int i = 0; i < nsp && !em_failed(e); i++) {
+    int d = xt.rank - 1 - i; /* pad[2i], pad[2i+1] pad the i-th dim from the end */
+    int64_t I = xt.dims[d], O = em_type(e, g)->dims[d], left = pad[2 * i];
+    if (O != I + left + pad[2 * i + 1]) {
+      o[0] = em_fail(e, TP_INVALID_ARGUMENT, "%s: grad_output size %" PRId64 " in dim %d, expected %" PRId64, n->op, O,
+                     d, I + left + pad[2 * i + 1]);
+      return;
+    }
+    if (O == 0 || I == 0) {
+      tp_type zt = *em_type(e, g);
+      zt.dims[d] = I;
+      g = em_full(e, 0, &zt);
+      continue;
+    }
+    int64_t *ix = malloc(sizeof(int64_t) * (size_t)O);
+    if (!ix) {
+      o[0] = em_fail(e, TP_RESOURCE_EXHAUSTED, "out of memory building a program");
+      return;
+    }
+    for (int64_t j = 0; j < O; j++) {
+      int64_t p = j - left;
+      ix[j] = p < 0 ? 0 : p >= I ? I - 1 : p;
+    }
+    g = scatter_add_dim(e, g, d, ix, I);
+    free(ix);
+  }
+  o[0] = as_out(e, n, 0, g);
+}
+static void r_replication_pad1d_backward(tp_emit *e, const tp_node *n, tp_val *o) {
+  replication_pad_backward(e, n, o, 1);
+}
+static void r_replication_pad2d_backward(tp_emit *e, const tp_node *n, tp_val *o) {
+  replication_pad_backward(e, n, o, 2);
+}
+static void r_replication_pad3d_backward(tp_emit *e, const tp_node *n, tp_val *o) {
+  replication_pad_backward(e, n, o, 3);
+}
+
 /* ---- pooling ------------------------------------------------------------------------------- */
 
 typedef struct pool_params {
@@ -937,6 +993,11 @@ static void max_pool(tp_emit *e, const tp_node *n, tp_val *o, int nsp) {
     hi[L + i] = (osz[i] > 0 ? (osz[i] - 1) * pp.s[i] : 0) + (pp.k[i] - 1) * pp.d[i] + 1 - isz[i] - pp.p[i];
   }
   int isf = tp_dtype_is_float(t.dt);
+  /* f16/bf16 compare and select in f32 (exact): XLA:CPU widens each
+   * reduced-precision op by itself, and the resulting chain of k selects
+   * took minutes or all memory to compile (max_pool3d float16). */
+  t.dt = lw_opmath(t.dt);
+  x = em_convert(e, x, t.dt);
   tp_val xp = em_pad(e, x, em_const(e, isf ? -INFINITY : 0, t.dt), lo, hi, NULL);
   tp_type vt = *ot;
   vt.dt = t.dt;
@@ -1320,8 +1381,9 @@ static void r_adaptive_avg_pool3d_backward(tp_emit *e, const tp_node *n, tp_val 
  * PyTorch's CPU kernel: the first maximum wins, and a NaN always replaces
  * (so the last NaN wins).  Indices are flat within the input plane. */
 static void adaptive_max_pool(tp_emit *e, const tp_node *n, tp_val *o, int nsp) {
-  tp_val x = lw_value(e, n, 0);
-  tp_type t = *em_type(e, x);
+  tp_type t = *em_type(e, lw_value(e, n, 0));
+  t.dt = lw_opmath(t.dt); /* exact; see max_pool */
+  tp_val x = lw_tensor(e, n, 0, t.dt);
   int L = t.rank - nsp;
   if (L != 1 && L != 2) {
     o[0] = em_fail(e, TP_INVALID_ARGUMENT, "%s: expected a %dD or %dD input, got %dD", n->op, nsp + 1, nsp + 2,
@@ -1702,6 +1764,9 @@ const tp_lower_entry tp_lower_nn[] = {
     {"aten::_adaptive_avg_pool3d", r_adaptive_avg_pool3d},
     {"aten::_adaptive_avg_pool2d_backward", r_adaptive_avg_pool2d_backward},
     {"aten::_adaptive_avg_pool3d_backward", r_adaptive_avg_pool3d_backward},
+    {"aten::replication_pad1d_backward", r_replication_pad1d_backward},
+    {"aten::replication_pad2d_backward", r_replication_pad2d_backward},
+    {"aten::replication_pad3d_backward", r_replication_pad3d_backward},
     {"aten::adaptive_max_pool2d", r_adaptive_max_pool2d},
     {"aten::adaptive_max_pool3d", r_adaptive_max_pool3d},
     {"aten::adaptive_max_pool2d_backward", r_adaptive_max_pool2d_backward},

@@ -1144,9 +1144,17 @@ def test_complex_copies_and_views():
     same(d, z.conj().to(torch.complex128))
     d.copy_(z.conj())  # host conj -> tpu
     same(d, z.conj().to(torch.complex128))
-    # complex32 has no PJRT buffer type: a clear NotImplementedError.
+    # complex32 has no PJRT buffer type: copies go through its float16
+    # (re, im) pairs; an op computing complex32 raises NotImplementedError.
+    assert torch.equal(torch.view_as_real(a.to("tpu").chalf().cpu()), torch.view_as_real(a.chalf()))
+    assert torch.equal(torch.view_as_real(zt.conj().chalf().cpu()), torch.view_as_real(z.conj().chalf()))
+    hp = torch.randn(5, 2, generator=g).half()
+    c32 = torch.view_as_complex(hp.to("tpu"))
+    assert c32.dtype == torch.complex32
+    assert torch.equal(torch.view_as_real(c32.cpu()), hp)
+    same(c32.cfloat(), torch.view_as_complex(hp).cfloat())
     with pytest.raises(NotImplementedError, match="complex32"):
-        a.to("tpu").chalf()
+        torch.complex(hp[:, 0].to("tpu"), hp[:, 1].to("tpu"))
 
 
 def test_fft_hfft_refuses_clearly():

@@ -428,6 +428,10 @@ CONVT_CASES = [
     ((2, 4, 4, 4), (4, 2, 4, 4), dict(stride=2, padding=1)),  # the usual UNet/GAN upsampler
     ((2, 3, 7), (3, 4, 3), dict(stride=2, padding=1)),
     ((1, 2, 3, 3, 3), (2, 3, 2, 2, 2), dict(stride=2)),
+    # output_padding >= stride (dilation > stride): grad_input must drop the extra rows
+    ((2, 2, 4, 4), (2, 2, 4, 5), dict(stride=(3, 2), padding=(1, 2), output_padding=(2, 3), groups=2, dilation=4)),
+    ((2, 2, 4, 4, 4), (2, 2, 4, 5, 6), dict(stride=(3, 2, 1), padding=(1, 2, 3), output_padding=(2, 3, 1), groups=2,
+                                            dilation=4)),
 ]
 
 

@@ -646,9 +646,36 @@ def _resolved(src):
     return src
 
 
+def _copy_complex32(src, dst):
+    """Copies from or to complex32 (no PJRT buffer type): through the
+    float16 (re, im) pairs that view_as_real sees, which every device holds."""
+    with torch.no_grad():
+        if dst.dtype == torch.complex32:
+            dr = torch.view_as_real(dst)
+            if src.is_complex():
+                sr = torch.view_as_real(src.resolve_conj().resolve_neg() if src.device.type == "cpu" else src)
+                dr.copy_(sr.expand(dr.shape))
+            else:
+                dr.select(-1, 0).copy_(src)
+                dr.select(-1, 1).zero_()
+            if src.is_complex() and src.is_conj():
+                dr.select(-1, 1).neg_()
+            return dst
+        sr = torch.view_as_real(src)
+        if dst.is_complex():
+            torch.view_as_real(dst).copy_(sr)
+            if src.is_conj():
+                dst.imag.neg_()
+        else:
+            dst.copy_(sr.select(-1, 0))  # the real part, as copy_ does
+        return dst
+
+
 def _copy_from(src, dst, non_blocking=False):
     if dst.numel() == 0:
         return dst
+    if torch.complex32 in (src.dtype, dst.dtype):
+        return _copy_complex32(src, dst)
     if src.device.type == "tpu" and (src.is_conj() or src.is_neg()):
         src = _resolved(src)
     if src.device.type == "tpu" and dst.device.type == "tpu":

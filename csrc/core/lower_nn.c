@@ -806,6 +806,21 @@ static void conv_backward(tp_emit *e, const tp_node *n, tp_val *o, int has_bs) {
   }
   if (def[0] && slot[0] >= 0) {
     tp_val gx = p.transposed ? conv_fwd(e, gy, w, &p) : conv_bwd_data(e, gy, w, &p, xsp);
+    if (p.transposed) {
+      /* output_padding >= stride (possible when dilation > stride) gives
+       * grad_output rows past the last input position: drop them. */
+      tp_type gt = *em_type(e, gx);
+      int64_t st[TP_MAX_RANK] = {0}, lim[TP_MAX_RANK];
+      int crop = 0;
+      for (int d = 0; d < gt.rank; d++) {
+        lim[d] = gt.dims[d];
+        if (d >= 2 && gt.dims[d] > xsp[d - 2]) {
+          lim[d] = xsp[d - 2];
+          crop = 1;
+        }
+      }
+      if (crop) gx = em_slice(e, gx, st, lim, NULL);
+    }
     put_opt(e, n, o, slot, def, 0, gx);
   } else {
     put_opt(e, n, o, slot, def, 0, -1);

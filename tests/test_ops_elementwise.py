@@ -1162,3 +1162,12 @@ def test_fft_hfft_refuses_clearly():
     # until the stack overflowed); with no FFT lowering it must refuse.
     with pytest.raises(NotImplementedError):
         torch.fft.hfft(torch.randn(5, device="tpu"))
+
+
+def test_complex_scalar_imaginary_part_is_not_dropped():
+    z = torch.complex(torch.tensor([1.5, -2.0]), torch.tensor([0.5, 3.0]))
+    zt = z.to("tpu")
+    assert torch.equal((zt * (2 + 0j)).cpu(), z * 2)
+    # A scalar carries one double: x * 1j must refuse, not give 0.
+    with pytest.raises(NotImplementedError, match="imaginary"):
+        (zt * 1j).cpu()

@@ -85,6 +85,49 @@ def test_random_factories_are_seeded():
     assert 0 <= a.min() and a.max() < 1
 
 
+def test_rng_state_roundtrip():
+    torch.tpu.manual_seed(77)
+    assert torch.tpu.initial_seed() == 77
+    state = torch.tpu.get_rng_state()
+    assert state.device.type == "cpu" and state.dtype == torch.uint8 and state.shape == (16,)
+    a = torch.rand(50, device="tpu").cpu()
+    b = torch.randn(7, 3, device="tpu").cpu()
+    after = torch.tpu.get_rng_state()
+    assert not torch.equal(after, state)  # the counter moved
+    torch.tpu.set_rng_state(state)
+    assert torch.equal(torch.rand(50, device="tpu").cpu(), a)
+    assert torch.equal(torch.randn(7, 3, device="tpu").cpu(), b)
+    assert torch.equal(torch.tpu.get_rng_state(), after)
+    # A state from another seed restores that seed's stream mid-way.
+    torch.tpu.manual_seed(5)
+    torch.rand(3, device="tpu")
+    mid = torch.tpu.get_rng_state("tpu:0")
+    c = torch.rand(20, device="tpu").cpu()
+    torch.tpu.manual_seed(6)
+    torch.tpu.set_rng_state(mid, 0)
+    assert torch.tpu.initial_seed() == 5
+    assert torch.equal(torch.rand(20, device="tpu").cpu(), c)
+    with pytest.raises(RuntimeError):
+        torch.tpu.set_rng_state(torch.zeros(3, dtype=torch.uint8))
+
+
+def test_rng_state_all_and_fork_rng():
+    n = torch.tpu.device_count()
+    torch.tpu.manual_seed_all(11)
+    states = torch.tpu.get_rng_state_all()
+    assert len(states) == n
+    x = torch.rand(10, device="tpu").cpu()
+    torch.tpu.set_rng_state_all(states)
+    assert torch.equal(torch.rand(10, device="tpu").cpu(), x)
+    # torch.random.fork_rng uses the device module's get/set_rng_state.
+    with torch.random.fork_rng(devices=[0], device_type="tpu"):
+        y = torch.rand(10, device="tpu").cpu()
+    assert torch.equal(torch.rand(10, device="tpu").cpu(), y)
+    torch.tpu.seed()
+    s = torch.tpu.initial_seed()
+    assert int.from_bytes(bytes(torch.tpu.get_rng_state().tolist()[:8]), "little") == s
+
+
 def test_to_dtype_and_copy():
     x = torch.randn(4, 5)
     t = x.to("tpu")

@@ -112,6 +112,7 @@ REACH = {
     "aten::new_full": lambda: _x().new_full((2,), 2.0),
     "aten::full_like": lambda: torch.full_like(_x(), 2),
     "tp::copy": lambda: _x().t().contiguous(),
+    "aten::conj_physical": lambda: torch.conj_physical(torch.complex(_x(), _y())),
     "aten::copy": lambda: A.copy(_x(), _y()),
     "aten::fill.Scalar": lambda: A.fill.Scalar(_x(), 2),
     "aten::fill.Tensor": lambda: A.fill.Tensor(_x(), torch.tensor(1.0, device=D)),
@@ -1094,3 +1095,67 @@ def test_compiled_graph_grad():
     xt = x.detach().to(D).requires_grad_()
     torch.compile(f, backend="tpu")(xt).backward()
     torch.testing.assert_close(xt.grad.cpu(), x.grad, rtol=1e-5, atol=1e-5)
+
+
+def test_complex_copies_and_views():
+    # Complex storages seen as real (view_as_real, .real/.imag, complex(),
+    # polar) and the lazy conjugate/negative bits, through every copy path.
+    g = torch.Generator().manual_seed(7)
+    a, b = torch.rand(6, generator=g), torch.randn(6, generator=g)
+    z = torch.complex(a, b)
+    zt = z.to("tpu")
+
+    def same(t, c):
+        assert t.device.type == "tpu" and t.dtype == c.dtype and t.shape == c.shape
+        assert torch.equal(t.cpu().resolve_conj().resolve_neg(), c.resolve_conj().resolve_neg())
+
+    same(torch.complex(a.to("tpu"), b.to("tpu")), z)
+    torch.testing.assert_close(torch.polar(a.to("tpu"), b.to("tpu")).cpu(), torch.polar(a, b), rtol=1e-6, atol=1e-6)
+    x = torch.randn(5, 2, generator=g)
+    same(torch.view_as_complex(x.to("tpu")), torch.view_as_complex(x))
+    same(torch.view_as_real(zt), torch.view_as_real(z))
+    same(zt.real, z.real)
+    same(zt.imag, z.imag)
+    same(a.to("tpu").cfloat(), a.cfloat())
+    same(zt.cdouble(), z.cdouble())
+    w = torch.zeros(4, dtype=torch.complex64, device="tpu")
+    torch.view_as_real(w)[:, 1] = torch.arange(4.0, device="tpu")
+    same(w, torch.complex(torch.zeros(4), torch.arange(4.0)))
+    # conj / neg views: materialised by copies (this recursed without end).
+    same(zt.conj().clone(), z.conj().clone())
+    same(zt.conj().imag.clone(), z.conj().imag.clone())
+    assert torch.equal(zt.conj().cpu().resolve_conj(), z.conj().resolve_conj())
+    same(torch.conj_physical(zt), torch.conj_physical(z))
+    same(torch.conj_physical(a.to("tpu")), a)
+    d = torch.empty(6, dtype=torch.complex128, device="tpu")
+    d.copy_(zt.conj())
+    same(d, z.conj().to(torch.complex128))
+    d.copy_(z.conj())  # host conj -> tpu
+    same(d, z.conj().to(torch.complex128))
+    # complex32 has no PJRT buffer type: copies go through its float16
+    # (re, im) pairs; an op computing complex32 raises NotImplementedError.
+    assert torch.equal(torch.view_as_real(a.to("tpu").chalf().cpu()), torch.view_as_real(a.chalf()))
+    assert torch.equal(torch.view_as_real(zt.conj().chalf().cpu()), torch.view_as_real(z.conj().chalf()))
+    hp = torch.randn(5, 2, generator=g).half()
+    c32 = torch.view_as_complex(hp.to("tpu"))
+    assert c32.dtype == torch.complex32
+    assert torch.equal(torch.view_as_real(c32.cpu()), hp)
+    same(c32.cfloat(), torch.view_as_complex(hp).cfloat())
+    with pytest.raises(NotImplementedError, match="complex32"):
+        torch.complex(hp[:, 0].to("tpu"), hp[:, 1].to("tpu"))
+
+
+def test_fft_hfft_refuses_clearly():
+    # hfft conjugates its input first (a lazy conj copy that used to recurse
+    # until the stack overflowed); with no FFT lowering it must refuse.
+    with pytest.raises(NotImplementedError):
+        torch.fft.hfft(torch.randn(5, device="tpu"))
+
+
+def test_complex_scalar_imaginary_part_is_not_dropped():
+    z = torch.complex(torch.tensor([1.5, -2.0]), torch.tensor([0.5, 3.0]))
+    zt = z.to("tpu")
+    assert torch.equal((zt * (2 + 0j)).cpu(), z * 2)
+    # A scalar carries one double: x * 1j must refuse, not give 0.
+    with pytest.raises(NotImplementedError, match="imaginary"):
+        (zt * 1j).cpu()

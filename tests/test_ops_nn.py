@@ -133,11 +133,11 @@ def test_layer_norm_stats_and_dtypes():
     for dtype in (F32, BF16):
         x = rnd(2, 3, 8, dtype=dtype, grad=False)
         w = rnd(3, 8, dtype=dtype, grad=False, seed=1)
-        # native_layer_norm itself: mean/rstd shaped [2, 1, 1].  Their dtype is
-        # what the meta function says: f32 for bf16 (CPU's kernel returns bf16).
+        # native_layer_norm itself: mean/rstd shaped [2, 1, 1], in CPU's dtype:
+        # the input's (the meta function says f32 for bf16, as CUDA does).
         out = aten.native_layer_norm(x.to("tpu"), [3, 8], w.to("tpu"), None, 1e-5)
         exp = aten.native_layer_norm(x.float(), [3, 8], w.float(), None, 1e-5)
-        assert out[0].dtype == dtype and out[1].dtype == F32 and out[2].dtype == F32
+        assert out[0].dtype == dtype and out[1].dtype == dtype and out[2].dtype == dtype
         assert out[1].shape == (2, 1, 1) and out[2].shape == (2, 1, 1)
         tol = 1e-5 if dtype == F32 else 1e-2
         for a, b in zip(out, exp):
@@ -428,6 +428,10 @@ CONVT_CASES = [
     ((2, 4, 4, 4), (4, 2, 4, 4), dict(stride=2, padding=1)),  # the usual UNet/GAN upsampler
     ((2, 3, 7), (3, 4, 3), dict(stride=2, padding=1)),
     ((1, 2, 3, 3, 3), (2, 3, 2, 2, 2), dict(stride=2)),
+    # output_padding >= stride (dilation > stride): grad_input must drop the extra rows
+    ((2, 2, 4, 4), (2, 2, 4, 5), dict(stride=(3, 2), padding=(1, 2), output_padding=(2, 3), groups=2, dilation=4)),
+    ((2, 2, 4, 4, 4), (2, 2, 4, 5, 6), dict(stride=(3, 2, 1), padding=(1, 2, 3), output_padding=(2, 3, 1), groups=2,
+                                            dilation=4)),
 ]
 
 
@@ -646,3 +650,84 @@ def test_group_norm_backward_masks(mask):
     for r, e, m in zip(res, exp, mask):
         if m:
             assert_close(r, e, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("xd,pd", [(F32, F32), (BF16, BF16), (BF16, F32), (torch.float16, None)])
+def test_norm_saved_stats_like_cpu(xd, pd):
+    # The saved statistics have CPU's dtypes (the input's; float32 when a
+    # reduced-precision input has float32 parameters) and, for batch norm
+    # outside training, CPU's empty shape [0].
+    x = rnd(3, 2, 4, grad=False).to(xd)
+    p = (lambda k, s: None) if pd is None else (lambda k, s: rnd(k, grad=False, seed=s).to(pd))
+    rm, rv = rnd(2, grad=False, seed=3).to(pd or xd), (rnd(2, grad=False, seed=4).abs() + 0.5).to(pd or xd)
+    cases = [
+        lambda x, w, b, rm, rv: aten.native_layer_norm(x, [4], None if w is None else w.new_ones(4), None, 1e-5),
+        lambda x, w, b, rm, rv: aten.native_group_norm(x, w, b, 3, 2, 4, 2, 1e-5),
+        lambda x, w, b, rm, rv: aten._native_batch_norm_legit(x, w, b, True, 0.1, 1e-5),
+        lambda x, w, b, rm, rv: aten._native_batch_norm_legit_no_training(x, w, b, rm, rv, 0.1, 1e-5),
+    ]
+    for training in (True, False):
+        cases.append(lambda x, w, b, rm, rv, t=training: aten.native_batch_norm(x, w, b, rm.clone(), rv.clone(), t,
+                                                                                 0.1, 1e-5))
+        cases.append(lambda x, w, b, rm, rv, t=training: aten._native_batch_norm_legit(x, w, b, rm.clone(), rv.clone(),
+                                                                                        t, 0.1, 1e-5))
+    w, b = p(2, 1), p(2, 2)
+    for fn in cases:
+        exp = fn(x, w, b, rm, rv)
+        got = fn(*[None if a is None else a.to("tpu") for a in (x, w, b, rm, rv)])
+        for e, g in zip(exp, got):
+            assert (g.dtype, g.shape) == (e.dtype, e.shape)
+            tol = 1e-5 if e.dtype == F32 and xd == F32 else 2e-2
+            torch.testing.assert_close(g.cpu().float(), e.float(), rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("dtype", [F32, BF16])
+@pytest.mark.parametrize("fn,xs,out", [
+    (F.adaptive_max_pool1d, (3, 4, 4), 3), (F.adaptive_max_pool1d, (2, 3, 7), 5),
+    (F.adaptive_max_pool2d, (1, 4, 4, 4), (2, 3)), (F.adaptive_max_pool2d, (2, 3, 5, 7), (3, 4)),
+    (F.adaptive_max_pool2d, (3, 5, 7), (4, None)), (F.adaptive_max_pool2d, (2, 3, 5, 7), (7, 9)),
+    (F.adaptive_max_pool2d, (2, 3, 6, 8), (3, 4)), (F.adaptive_max_pool3d, (3, 3, 4, 4, 6), (2, 3, None)),
+    (F.adaptive_max_pool3d, (2, 5, 7, 3), (3, 4, 2))])
+def test_adaptive_max_pool(fn, xs, out, dtype):
+    # Uneven, overlapping, larger-than-input and even bins; values, indices
+    # and gradients.
+    x = rnd(*xs, dtype=dtype)
+    check_any(lambda x: fn(x, out, True), x, grad=True, dtype=dtype)
+    # Ties (the first maximum in row-major order wins) and NaN (the last NaN
+    # in the window wins, as in PyTorch's CPU kernel): indices compared exactly.
+    g = torch.Generator().manual_seed(3)
+    xt = torch.randint(0, 3, xs, generator=g).to(dtype)
+    xn = xt.masked_fill(xt == 2, float("nan"))
+    for v in (xt, xn):
+        ev, ei = fn(v, out, True)
+        av, ai = fn(v.to("tpu"), out, True)
+        assert torch.equal(ai.cpu(), ei)
+        torch.testing.assert_close(av.cpu(), ev, equal_nan=True, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("mode", ["reflect", "replicate", "circular"])
+@pytest.mark.parametrize("dtype", [F32, BF16, torch.float16])
+@pytest.mark.parametrize("xs,pad", [((1, 3), (1, 2)), ((2, 3, 4), (3, 0)), ((2, 3, 4, 5), (1, 2, 2, 1)),
+                                    ((1, 2, 3, 4, 5), (1, 1, 2, 1, 0, 2)), ((5, 3, 4, 4), (-1, 2, 0, -2))])
+def test_pad_modes(mode, dtype, xs, pad):
+    # reflect/replicate decompose through out= overloads that compute f16/bf16
+    # in f32 (their results must land in the out tensor); replicate's
+    # backward is a rule; exact values, float32 gradients.
+    if mode != "replicate" and min(pad) < 0:
+        pytest.skip("negative padding is replicate/constant only")
+    x = rnd(*xs, dtype=dtype, grad=dtype == F32)
+    got = check(lambda x: F.pad(x, pad, mode), x, grad=dtype == F32, rtol=0 if dtype != F32 else None,
+                atol=0 if dtype != F32 else None)
+    assert got.dtype == dtype
+
+
+def test_pad_out_overload_writes_out():
+    x = rnd(2, 3, 4, dtype=BF16, grad=False)
+    out = torch.empty(2, 3, 7, dtype=BF16, device="tpu")
+    r = aten.reflection_pad1d.out(x.to("tpu"), [1, 2], out=out)
+    assert r is out
+    assert torch.equal(out.cpu(), F.pad(x, (1, 2), "reflect"))
+    g = rnd(2, 3, 7, grad=False, seed=1)
+    gi = torch.empty(2, 3, 4, device="tpu")
+    aten.replication_pad1d_backward.grad_input(g.to("tpu"), x.float().to("tpu"), [1, 2], grad_input=gi)
+    torch.testing.assert_close(gi.cpu(), aten.replication_pad1d_backward(g, x.float(), [1, 2]))

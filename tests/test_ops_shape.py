@@ -749,3 +749,32 @@ def test_eye(nm, dtype):
         got = torch.eye(*nm, dtype=dtype, device="tpu")
     assert "aten::eye.m_out" in names or "aten::eye.out" in names
     assert_close(got, torch.eye(*nm, dtype=dtype))
+
+
+@pytest.mark.parametrize("offset", [None, 0, 3, 10])
+def test_as_strided_of_partial_view(offset):
+    # as_strided addresses the storage, not the view: a view that does not
+    # start at (or cover) its storage must read from the storage's start.
+    base = rnd(20, seed=4)
+    kw = {} if offset is None else {"storage_offset": offset}
+    for cut in (slice(5, 15), slice(0, 10), slice(2, 20, 2)):
+        x = base[cut]
+        xt = base.to("tpu")[cut]
+        assert_close(xt.as_strided((2, 2), (1, 2), **kw), x.as_strided((2, 2), (1, 2), **kw))
+    # Gradient: flows into the viewed elements of the leaf view.
+    xc = base[5:15].detach().requires_grad_(True)
+    xg = base.to("tpu")[5:15].detach().requires_grad_(True)
+    g = rnd(2, 2, seed=5)
+    xc.as_strided((2, 2), (1, 2), **kw).backward(g)
+    xg.as_strided((2, 2), (1, 2), **kw).backward(g.to("tpu"))
+    assert_close(xg.grad, xc.grad)
+
+
+def test_tensor_split_tensor_indices():
+    # The indices tensor must be on the CPU, as on CUDA (PyTorch reads its values).
+    x = rnd(5, 6, 5, grad=True)
+    for args in [(torch.tensor([1, 2, 3]),), (torch.tensor(2),), (torch.tensor([1, 4]), 1),
+                 (torch.tensor([1, 4, 2, 5, 3, 6])[::2], -1), (torch.tensor([0, 7]), 1)]:
+        check(lambda x: torch.tensor_split(x, *args), x, grad=True)
+    with pytest.raises(RuntimeError, match="to be on cpu"):
+        torch.tensor_split(x.detach().to("tpu"), torch.tensor([1, 2], device="tpu"))

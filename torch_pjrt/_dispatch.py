@@ -97,6 +97,43 @@ def _scalar_code(v):
 # Ops that update arguments in place without saying so in their schema.
 _MUTATES = {"aten::native_batch_norm": (3, 4)}
 
+def _stats_dtype(vals, x, params):
+    """dtype of a normalisation's saved statistics on CPU: the input's,
+    or float32 when a reduced-precision input has float32 parameters."""
+    dt = vals[x].dtype
+    if dt in (torch.float16, torch.bfloat16) and any(
+            isinstance(vals[i], torch.Tensor) and vals[i].dtype == torch.float32 for i in params):
+        return torch.float32
+    return dt
+
+
+def _norm_stats(x, params, training=None):
+    """A spec fix for a normalisation op: outputs 1 and 2 (the saved
+    statistics) get CPU's dtype, and CPU's empty shape when not training
+    (the meta functions give CUDA's float32, [C])."""
+    def fix(vals, specs):
+        dt = _stats_dtype(vals, x, params)
+        empty = training is not None and (training is False or not vals[training])
+        out = list(specs)
+        for i in (1, 2):
+            if i < len(out) and out[i] is not None:
+                shape, stride, _ = out[i]
+                out[i] = ((0,), (1,), dt) if empty else (shape, stride, dt)
+        return tuple(out)
+    return fix
+
+
+# Ops whose meta function's outputs differ from what PyTorch's CPU kernel
+# returns: name -> fix(argument values, output specs) -> output specs.
+_SPEC_FIX = {
+    "aten::native_layer_norm": _norm_stats(0, (2, 3)),
+    "aten::native_group_norm": _norm_stats(0, (1, 2)),
+    "aten::native_batch_norm": _norm_stats(0, (1, 2, 3, 4), training=5),
+    "aten::_native_batch_norm_legit": _norm_stats(0, (1, 2, 3, 4), training=5),
+    "aten::_native_batch_norm_legit.no_stats": _norm_stats(0, (1, 2)),
+    "aten::_native_batch_norm_legit_no_training": _norm_stats(0, (1, 2, 3, 4), training=False),
+}
+
 # Ops whose output shape (or whose errors) depend on the value of a Python number.
 _SHAPE_FROM_VALUES = {"arange", "linspace", "logspace", "range", "pow", "full"}
 
@@ -369,6 +406,33 @@ class _Handler:
                     return q, in_args
         return None, in_args
 
+    def functional_op(self):
+        """The functional OpOverload an out= overload computes (None if none)."""
+        if not hasattr(self, "_functional_op"):
+            self._functional_op = None
+            ns, rest = self.name.split("::")
+            packet = getattr(getattr(torch.ops, ns), rest.split(".")[0], None)
+            in_names = [a.name for a in self.args_schema if not a.is_out]
+            for ovl in (packet.overloads() if packet is not None else []):
+                cand = getattr(packet, ovl)
+                cs = cand._schema.arguments
+                if not any(a.is_out for a in cs) and [a.name for a in cs] == in_names:
+                    self._functional_op = cand
+                    break
+        return self._functional_op
+
+    def functional_call(self, args, kwargs, fop):
+        """(args, kwargs) of an out= call, without the outs, for `fop`."""
+        vals = self._values(args, kwargs, self.all_args)
+        fvals = [vals[i] for i, a in enumerate(self.args_schema) if not a.is_out]
+        fargs, fkwargs = [], {}
+        for a, v in zip(fop._schema.arguments, fvals):
+            if a.kwarg_only:
+                fkwargs[a.name] = v
+            else:
+                fargs.append(v)
+        return tuple(fargs), fkwargs
+
     def _values(self, args, kwargs, schema_args):
         if not kwargs and schema_args is self.args_schema:
             # Positional arguments never fill keyword-only slots.
@@ -519,6 +583,9 @@ class _Handler:
         spec = self.meta_cache.get(key)
         if spec is None:
             spec = self._meta(args, kwargs)
+            fix = _SPEC_FIX.get(self.name)
+            if fix is not None:
+                spec = (spec[0], fix(vals, spec[1]))
             if len(self.meta_cache) > 4096:
                 self.meta_cache.clear()
             self.meta_cache[key] = spec
@@ -641,6 +708,23 @@ def _decomposition(op):
     return _decomp_table.get(op)
 
 
+def _into_outs(h, args, kwargs, res):
+    """An out= overload's decomposition must leave its results in the out
+    tensors; some return new tensors instead (those that compute f16/bf16 in
+    float32, like reflection_pad1d.out): copy them in."""
+    vals = h._values(args, kwargs, h.all_args)
+    outs = [vals[i] for i in h.out_idx]
+    got = list(res) if isinstance(res, (tuple, list)) else [res]
+    if len(got) != len(outs):
+        return res
+    for o, r in zip(outs, got):
+        if isinstance(o, torch.Tensor) and isinstance(r, torch.Tensor) and r is not o:
+            if o.shape != r.shape:
+                o.resize_(r.shape)
+            o.copy_(r)
+    return outs[0] if len(outs) == 1 else tuple(outs)
+
+
 def _fallback(op, *args, **kwargs):
     h = _handler(op)
     if h.lowering is not None:
@@ -653,15 +737,31 @@ def _fallback(op, *args, **kwargs):
         return special(*args, **kwargs)
     depth = getattr(_state, "decomp_depth", 0)
     decomp = _decomposition(op) if depth < 8 else None
+    call_args, call_kwargs = args, kwargs
+    if h.is_out and depth < 8:
+        # An out= overload runs its functional form's decomposition, whose
+        # results go into the out tensors: some out= decompositions do not
+        # take the out argument's name (reflection_pad1d_backward.grad_input)
+        # or return new tensors instead of writing the outs.
+        fop = h.functional_op()
+        fdecomp = _decomposition(fop) if fop is not None else None
+        if fdecomp is not None:
+            decomp = fdecomp
+            call_args, call_kwargs = h.functional_call(args, kwargs, fop)
     if decomp is not None:
         _state.decomp_depth = depth + 1
         try:
-            return decomp(*args, **kwargs)
+            res = decomp(*call_args, **call_kwargs)
         except NotImplementedError:
             if not _cpu_fallback:
                 raise
+            res = NotImplemented
         finally:
             _state.decomp_depth = depth
+        # Some decompositions cover only some cases and return NotImplemented
+        # for the others (adaptive_max_pool2d with uneven windows).
+        if res is not NotImplemented:
+            return _into_outs(h, args, kwargs, res) if h.is_out else res
     if _cpu_fallback:
         return _run_on_cpu(op, args, kwargs)
     raise _unsupported(op)
@@ -672,9 +772,49 @@ def _fallback(op, *args, **kwargs):
 # return Python values.
 
 
+def _resolved(src):
+    """A tpu tensor with its lazy conjugate/negative bits applied (a plain
+    tensor; _ref reads the raw storage and ignores the bits)."""
+    for bit, op in ((src.is_conj(), "aten::conj_physical"), (src.is_neg(), "aten::neg")):
+        if bit:
+            tmp = torch.empty(src.shape, dtype=src.dtype, device=src.device)
+            _C.run(op, (_ref(src),), None, (_ref(tmp),))
+            src = tmp
+    return src
+
+
+def _copy_complex32(src, dst):
+    """Copies from or to complex32 (no PJRT buffer type): through the
+    float16 (re, im) pairs that view_as_real sees, which every device holds."""
+    with torch.no_grad():
+        if dst.dtype == torch.complex32:
+            dr = torch.view_as_real(dst)
+            if src.is_complex():
+                sr = torch.view_as_real(src.resolve_conj().resolve_neg() if src.device.type == "cpu" else src)
+                dr.copy_(sr.expand(dr.shape))
+            else:
+                dr.select(-1, 0).copy_(src)
+                dr.select(-1, 1).zero_()
+            if src.is_complex() and src.is_conj():
+                dr.select(-1, 1).neg_()
+            return dst
+        sr = torch.view_as_real(src)
+        if dst.is_complex():
+            torch.view_as_real(dst).copy_(sr)
+            if src.is_conj():
+                dst.imag.neg_()
+        else:
+            dst.copy_(sr.select(-1, 0))  # the real part, as copy_ does
+        return dst
+
+
 def _copy_from(src, dst, non_blocking=False):
     if dst.numel() == 0:
         return dst
+    if torch.complex32 in (src.dtype, dst.dtype):
+        return _copy_complex32(src, dst)
+    if src.device.type == "tpu" and (src.is_conj() or src.is_neg()):
+        src = _resolved(src)
     if src.device.type == "tpu" and dst.device.type == "tpu":
         if src.device == dst.device:
             _C.run("tp::copy", (_ref(src),), None, (_ref(dst),))
@@ -682,8 +822,7 @@ def _copy_from(src, dst, non_blocking=False):
         return dst.copy_(src.cpu())
     if dst.device.type == "tpu":  # host -> device
         host = src.to(dtype=dst.dtype).expand(dst.shape).contiguous()
-        if host.is_conj():
-            host = host.resolve_conj()
+        host = host.resolve_conj().resolve_neg()
         _C.write_host(_ref(dst), host.data_ptr())
         return dst
     # device -> host
@@ -769,6 +908,13 @@ def install():
     impl = torch.library.Library("aten", "IMPL")
     for op in _direct_ops():
         impl.impl(op, _kernel(op), "PrivateUse1")
+    # copy_ hands a conjugate/negative view to _copy_from unresolved; the
+    # generic Conjugate/Negative fallback would resolve it with clone, which
+    # copies through _copy_from again, without end (a stack overflow, as in
+    # torch.fft.hfft).  _copy_from applies the bits itself.
+    for key in ("Conjugate", "Negative"):
+        for name in ("_copy_from", "_copy_from_and_resize"):
+            impl.impl(name, torch.library.fallthrough_kernel, key)
     _impl_lib = impl
 
 

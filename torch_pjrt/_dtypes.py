@@ -1,7 +1,13 @@
 """torch.dtype <-> the C core's dtype codes (c10::ScalarType values)."""
 import torch
 
-CODE = {
+class _Codes(dict):
+    def __missing__(self, dtype):
+        # A tensor of a dtype the device cannot hold (complex32 from .chalf()).
+        raise NotImplementedError(f"dtype {dtype} is not supported on the tpu device (torch-pjrt)")
+
+
+CODE = _Codes({
     torch.uint8: 0,
     torch.int8: 1,
     torch.int16: 2,
@@ -17,7 +23,7 @@ CODE = {
     torch.uint16: 27,
     torch.uint32: 28,
     torch.uint64: 29,
-}
+})
 DTYPE = {v: k for k, v in CODE.items()}
 
 

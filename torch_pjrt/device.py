@@ -102,6 +102,33 @@ def initial_seed() -> int:
     return _C.initial_seed(current_device())
 
 
+def _generator(device):
+    # Every tpu generator of a device is a view of the device's one random
+    # state (seed, counter) in the C runtime, so a fresh one reads and
+    # writes the default generator's state.
+    return torch.Generator(device=torch.device("tpu", _index(device)))
+
+
+def get_rng_state(device="tpu") -> torch.Tensor:
+    """The device's random state as a CPU ByteTensor (like torch.cuda): 16
+    bytes, the seed then the counter of values drawn so far (uint64 each)."""
+    return _generator(device).get_state()
+
+
+def set_rng_state(new_state: torch.Tensor, device="tpu") -> None:
+    """Restore a state from get_rng_state: the same random numbers follow."""
+    _generator(device).set_state(new_state)
+
+
+def get_rng_state_all() -> list:
+    return [get_rng_state(i) for i in range(device_count())]
+
+
+def set_rng_state_all(new_states) -> None:
+    for i, state in enumerate(new_states):
+        set_rng_state(state, i)
+
+
 def _is_in_bad_fork() -> bool:
     return False
 

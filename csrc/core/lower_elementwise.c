@@ -423,6 +423,20 @@ static void r_neg(tp_emit *e, const tp_node *n, tp_val *o) {
   o[0] = finish(e, n, un(e, "stablehlo.negate", x_in(e, n)));
 }
 
+/* conj_physical: (re, -im) for complex inputs, the input itself otherwise. */
+static void r_conj_physical(tp_emit *e, const tp_node *n, tp_val *o) {
+  tp_val x = lw_value(e, n, 0);
+  tp_type t = *em_type(e, x);
+  if (isc(t.dt)) {
+    tp_type pt = t;
+    pt.dt = t.dt == TP_C64 ? TP_F32 : TP_F64;
+    tp_val parts[2] = {em_op(e, "stablehlo.real", NULL, &x, 1, &pt), em_op(e, "stablehlo.imag", NULL, &x, 1, &pt)};
+    parts[1] = un(e, "stablehlo.negate", parts[1]);
+    x = em_op(e, "stablehlo.complex", NULL, parts, 2, &t);
+  }
+  o[0] = finish(e, n, x);
+}
+
 /* digamma(+-0) = -+inf (PyTorch, C++ and SciPy); chlo.digamma gives NaN there. */
 tp_val lw_digamma(tp_emit *e, tp_val x) {
   tp_val at0 = un(e, "stablehlo.negate", dv(e, k(e, x, 1), x)); /* copysign(inf, -x) */
@@ -922,6 +936,7 @@ const tp_lower_entry tp_lower_elementwise[] = {
     {"aten::sigmoid", r_sigmoid},
     {"aten::abs", r_abs},
     {"aten::neg", r_neg},
+    {"aten::conj_physical", r_conj_physical},
     {"aten::sign", r_sign},
     {"aten::floor", r_floor},
     {"aten::ceil", r_ceil},

@@ -806,6 +806,21 @@ static void conv_backward(tp_emit *e, const tp_node *n, tp_val *o, int has_bs) {
   }
   if (def[0] && slot[0] >= 0) {
     tp_val gx = p.transposed ? conv_fwd(e, gy, w, &p) : conv_bwd_data(e, gy, w, &p, xsp);
+    if (p.transposed) {
+      /* output_padding >= stride (possible when dilation > stride) gives
+       * grad_output rows past the last input position: drop them. */
+      tp_type gt = *em_type(e, gx);
+      int64_t st[TP_MAX_RANK] = {0}, lim[TP_MAX_RANK];
+      int crop = 0;
+      for (int d = 0; d < gt.rank; d++) {
+        lim[d] = gt.dims[d];
+        if (d >= 2 && gt.dims[d] > xsp[d - 2]) {
+          lim[d] = xsp[d - 2];
+          crop = 1;
+        }
+      }
+      if (crop) gx = em_slice(e, gx, st, lim, NULL);
+    }
     put_opt(e, n, o, slot, def, 0, gx);
   } else {
     put_opt(e, n, o, slot, def, 0, -1);
@@ -874,6 +889,62 @@ static tp_val scatter_add_dim(tp_emit *e, tp_val v, int d, const int64_t *idx, i
   return em_reshape(e, r, ot.rank, ot.dims);
 }
 
+/* ---- padding ------------------------------------------------------------------------------- */
+
+/* replication_padNd_backward(grad_output, self, padding): output position j
+ * of a padded dim read input position clamp(j - left, 0, I - 1), so the
+ * gradient is scatter-added back dim by dim (padding as in F.pad: last dim
+ * first; negative entries crop). */
+static void replication_pad_backward(tp_emit *e, const tp_node *n, tp_val *o, int nsp) {
+  tp_type xt = *em_type(e, lw_value(e, n, 1));
+  tp_dtype ct = lw_opmath(n->outs[0].dt);
+  tp_val g = lw_tensor(e, n, 0, ct);
+  const int64_t *pad;
+  int np = lw_ints(n, 2, &pad);
+  int L = xt.rank - nsp;
+  if (np != 2 * nsp || L < 0 || em_type(e, g)->rank != xt.rank) {
+    o[0] = em_fail(e, TP_INVALID_ARGUMENT, "%s: expected %d padding values and a %dD or %dD input", n->op, 2 * nsp,
+                   nsp + 1, nsp + 2);
+    return;
+  }
+  for (int i = 0; i < nsp && !em_failed(e); i++) {
+    int d = xt.rank - 1 - i; /* pad[2i], pad[2i+1] pad the i-th dim from the end */
+    int64_t I = xt.dims[d], O = em_type(e, g)->dims[d], left = pad[2 * i];
+    if (O != I + left + pad[2 * i + 1]) {
+      o[0] = em_fail(e, TP_INVALID_ARGUMENT, "%s: grad_output size %" PRId64 " in dim %d, expected %" PRId64, n->op, O,
+                     d, I + left + pad[2 * i + 1]);
+      return;
+    }
+    if (O == 0 || I == 0) {
+      tp_type zt = *em_type(e, g);
+      zt.dims[d] = I;
+      g = em_full(e, 0, &zt);
+      continue;
+    }
+    int64_t *ix = malloc(sizeof(int64_t) * (size_t)O);
+    if (!ix) {
+      o[0] = em_fail(e, TP_RESOURCE_EXHAUSTED, "out of memory building a program");
+      return;
+    }
+    for (int64_t j = 0; j < O; j++) {
+      int64_t p = j - left;
+      ix[j] = p < 0 ? 0 : p >= I ? I - 1 : p;
+    }
+    g = scatter_add_dim(e, g, d, ix, I);
+    free(ix);
+  }
+  o[0] = as_out(e, n, 0, g);
+}
+static void r_replication_pad1d_backward(tp_emit *e, const tp_node *n, tp_val *o) {
+  replication_pad_backward(e, n, o, 1);
+}
+static void r_replication_pad2d_backward(tp_emit *e, const tp_node *n, tp_val *o) {
+  replication_pad_backward(e, n, o, 2);
+}
+static void r_replication_pad3d_backward(tp_emit *e, const tp_node *n, tp_val *o) {
+  replication_pad_backward(e, n, o, 3);
+}
+
 /* ---- pooling ------------------------------------------------------------------------------- */
 
 typedef struct pool_params {
@@ -937,6 +1008,11 @@ static void max_pool(tp_emit *e, const tp_node *n, tp_val *o, int nsp) {
     hi[L + i] = (osz[i] > 0 ? (osz[i] - 1) * pp.s[i] : 0) + (pp.k[i] - 1) * pp.d[i] + 1 - isz[i] - pp.p[i];
   }
   int isf = tp_dtype_is_float(t.dt);
+  /* f16/bf16 compare and select in f32 (exact): XLA:CPU widens each
+   * reduced-precision op by itself, and the resulting chain of k selects
+   * took minutes or all memory to compile (max_pool3d float16). */
+  t.dt = lw_opmath(t.dt);
+  x = em_convert(e, x, t.dt);
   tp_val xp = em_pad(e, x, em_const(e, isf ? -INFINITY : 0, t.dt), lo, hi, NULL);
   tp_type vt = *ot;
   vt.dt = t.dt;
@@ -986,11 +1062,12 @@ static void r_max_pool2d(tp_emit *e, const tp_node *n, tp_val *o) { max_pool(e, 
 static void r_max_pool3d(tp_emit *e, const tp_node *n, tp_val *o) { max_pool(e, n, o, 3); }
 
 /* max_poolNd_with_indices_backward(grad_output, self, kernel_size, stride, padding, dilation,
- * ceil_mode, indices): scatter-add into the input plane. */
-static void max_pool_backward(tp_emit *e, const tp_node *n, tp_val *o, int nsp) {
+ * ceil_mode, indices) and adaptive_max_poolNd_backward(grad_output, self, indices): scatter-add
+ * into the input plane at the indices (argument ii). */
+static void max_pool_backward(tp_emit *e, const tp_node *n, tp_val *o, int nsp, int ii) {
   tp_type xt = *em_type(e, lw_value(e, n, 1));
   tp_dtype ct = lw_opmath(n->outs[0].dt);
-  tp_val idx = lw_tensor(e, n, 7, TP_I64);
+  tp_val idx = lw_tensor(e, n, ii, TP_I64);
   tp_type gt = *em_type(e, idx);
   tp_type gct = gt;
   gct.dt = ct;
@@ -1012,8 +1089,14 @@ static void max_pool_backward(tp_emit *e, const tp_node *n, tp_val *o, int nsp) 
   tp_val r = em_scatter_flat(e, em_full(e, 0, &zt), flat, g, "stablehlo.add");
   o[0] = as_out(e, n, 0, r);
 }
-static void r_max_pool2d_backward(tp_emit *e, const tp_node *n, tp_val *o) { max_pool_backward(e, n, o, 2); }
-static void r_max_pool3d_backward(tp_emit *e, const tp_node *n, tp_val *o) { max_pool_backward(e, n, o, 3); }
+static void r_max_pool2d_backward(tp_emit *e, const tp_node *n, tp_val *o) { max_pool_backward(e, n, o, 2, 7); }
+static void r_max_pool3d_backward(tp_emit *e, const tp_node *n, tp_val *o) { max_pool_backward(e, n, o, 3, 7); }
+static void r_adaptive_max_pool2d_backward(tp_emit *e, const tp_node *n, tp_val *o) {
+  max_pool_backward(e, n, o, 2, 2);
+}
+static void r_adaptive_max_pool3d_backward(tp_emit *e, const tp_node *n, tp_val *o) {
+  max_pool_backward(e, n, o, 3, 2);
+}
 
 /* Divisors of avg_poolNd for each output position (PyTorch's CPU rule),
  * as a value of shape osz (nsp dims), dtype ct. */
@@ -1307,6 +1390,84 @@ static void r_adaptive_avg_pool2d_backward(tp_emit *e, const tp_node *n, tp_val 
 static void r_adaptive_avg_pool3d_backward(tp_emit *e, const tp_node *n, tp_val *o) {
   adaptive_avg_pool_backward(e, n, o, 3);
 }
+
+/* adaptive_max_poolNd(self, output_size) -> (out, indices): bins as for
+ * adaptive average pooling; the window is scanned in row-major order like
+ * PyTorch's CPU kernel: the first maximum wins, and a NaN always replaces
+ * (so the last NaN wins).  Indices are flat within the input plane. */
+static void adaptive_max_pool(tp_emit *e, const tp_node *n, tp_val *o, int nsp) {
+  tp_type t = *em_type(e, lw_value(e, n, 0));
+  t.dt = lw_opmath(t.dt); /* exact; see max_pool */
+  tp_val x = lw_tensor(e, n, 0, t.dt);
+  int L = t.rank - nsp;
+  if (L != 1 && L != 2) {
+    o[0] = em_fail(e, TP_INVALID_ARGUMENT, "%s: expected a %dD or %dD input, got %dD", n->op, nsp + 1, nsp + 2,
+                   t.rank);
+    return;
+  }
+  const tp_type *ot = OUT(0);
+  int64_t isz[3], osz[3], maxlen[3] = {1, 1, 1}, nk = 1, tot = 0;
+  for (int i = 0; i < nsp; i++) {
+    isz[i] = t.dims[L + i];
+    osz[i] = ot->dims[L + i];
+    tot += osz[i];
+  }
+  /* start/len per dim, then per-step gather indices and validity */
+  int64_t *buf = malloc(sizeof(int64_t) * (size_t)(3 * tot + 1));
+  if (!buf) {
+    o[0] = em_fail(e, TP_RESOURCE_EXHAUSTED, "out of memory building a program");
+    return;
+  }
+  int64_t *start[3], *len[3], *ix = buf + 2 * tot;
+  for (int i = 0, at = 0; i < nsp; i++) {
+    start[i] = buf + at;
+    len[i] = buf + tot + at;
+    at += (int)osz[i];
+    maxlen[i] = osz[i] > 0 ? adaptive_bins(isz[i], osz[i], start[i], len[i]) : 0;
+    nk *= maxlen[i];
+  }
+  tp_type vt = *ot;
+  vt.dt = t.dt;
+  tp_type it = vt;
+  it.dt = TP_I64;
+  int isf = tp_dtype_is_float(t.dt);
+  tp_val m = em_full(e, 0, &vt), idx = em_full(e, -1, &it), neg1 = em_full(e, -1, &it);
+  for (int64_t q = 0; q < nk && !em_failed(e); q++) {
+    int64_t koff[3] = {0, 0, 0}, r = q;
+    for (int i = nsp - 1; i >= 0; i--) {
+      koff[i] = r % maxlen[i];
+      r /= maxlen[i];
+    }
+    tp_val v = x, valid = -1, flat = -1;
+    for (int i = 0; i < nsp; i++) {
+      int64_t O = osz[i], dd = L + i;
+      int all = 1;
+      for (int64_t b = 0; b < O; b++) {
+        int64_t end = start[i][b] + len[i][b];
+        ix[b] = start[i][b] + koff[i] < end ? start[i][b] + koff[i] : end - 1;
+        all &= koff[i] < len[i][b];
+      }
+      v = gather_dim(e, v, (int)dd, ix, O);
+      tp_val pos = bcast(e, const_i64(e, ix, O), &it, &dd);
+      flat = flat < 0 ? pos : add(e, mul(e, flat, em_full(e, (double)isz[i], &it)), pos);
+      if (!all) {
+        for (int64_t b = 0; b < O; b++) ix[b] = koff[i] < len[i][b];
+        tp_val ok = em_compare(e, "NE", bcast(e, const_i64(e, ix, O), &it, &dd), em_full(e, 0, &it));
+        valid = valid < 0 ? ok : em_binary(e, "stablehlo.and", valid, ok);
+      }
+    }
+    tp_val upd = em_binary(e, "stablehlo.or", em_compare(e, "EQ", idx, neg1), em_compare(e, "GT", v, m));
+    if (isf) upd = em_binary(e, "stablehlo.or", upd, em_compare(e, "NE", v, v));
+    if (valid >= 0) upd = em_binary(e, "stablehlo.and", upd, valid);
+    m = em_select(e, upd, v, m);
+    idx = em_select(e, upd, flat, idx);
+  }
+  free(buf);
+  o[0] = em_convert(e, m, ot->dt);
+  if (n->nouts > 1) o[1] = em_convert(e, idx, n->outs[1].dt);
+}
+static void r_adaptive_max_pool2d(tp_emit *e, const tp_node *n, tp_val *o) { adaptive_max_pool(e, n, o, 2); }
+static void r_adaptive_max_pool3d(tp_emit *e, const tp_node *n, tp_val *o) { adaptive_max_pool(e, n, o, 3); }
 
 /* ---- upsampling ------------------------------------------------------------------------------ */
 
@@ -1618,6 +1779,13 @@ const tp_lower_entry tp_lower_nn[] = {
     {"aten::_adaptive_avg_pool3d", r_adaptive_avg_pool3d},
     {"aten::_adaptive_avg_pool2d_backward", r_adaptive_avg_pool2d_backward},
     {"aten::_adaptive_avg_pool3d_backward", r_adaptive_avg_pool3d_backward},
+    {"aten::replication_pad1d_backward", r_replication_pad1d_backward},
+    {"aten::replication_pad2d_backward", r_replication_pad2d_backward},
+    {"aten::replication_pad3d_backward", r_replication_pad3d_backward},
+    {"aten::adaptive_max_pool2d", r_adaptive_max_pool2d},
+    {"aten::adaptive_max_pool3d", r_adaptive_max_pool3d},
+    {"aten::adaptive_max_pool2d_backward", r_adaptive_max_pool2d_backward},
+    {"aten::adaptive_max_pool3d_backward", r_adaptive_max_pool3d_backward},
     {"aten::upsample_nearest1d", r_upsample_nearest1d},
     {"aten::upsample_nearest2d", r_upsample_nearest2d},
     {"aten::upsample_nearest3d", r_upsample_nearest3d},

@@ -262,6 +262,20 @@ def _leaves(x, out):
 
 
 def _to_tpu_tensor(t):
+    st = t.untyped_storage() if t.layout == torch.strided else None
+    esize = t.element_size()
+    if st is not None and (t.storage_offset() != 0 or st.nbytes() != t.numel() * esize) \
+            and not t.is_conj() and not t.is_neg() and st.nbytes() % esize == 0:
+        # A view that does not cover its storage (base[5:15], an expanded
+        # tensor): copy the whole storage and take the same view of it, so
+        # that ops that see the storage (as_strided with a storage_offset)
+        # read what they read on CPU, and rules meet the same layouts.
+        with torch.no_grad():
+            base = torch.empty(0, dtype=t.dtype).set_(st, 0, (st.nbytes() // esize,), (1,)).to("tpu")
+        r = base.as_strided(t.shape, t.stride(), t.storage_offset())
+        if t.requires_grad:
+            r.requires_grad_(True)
+        return r
     with torch.no_grad():
         r = t.detach().to("tpu")
     if t.requires_grad:
@@ -273,19 +287,37 @@ def _is_cpu_device(v):
     return (isinstance(v, str) and v == "cpu") or (isinstance(v, torch.device) and v.type == "cpu")
 
 
-def to_tpu(sample, factory=False):
+# Positional arguments that PyTorch requires on the CPU whatever the device
+# (the OpInfo makes them there on every device): OpInfo key -> arg indices.
+CPU_ARGS = {
+    "tensor_split": (0,),  # tensor_indices_or_sections: "expected ... to be on cpu" on CUDA too
+}
+
+
+def to_tpu(sample, factory=False, key=None):
     """((input, args, kwargs), on_tpu): the sample with every tensor copied to
-    tpu and a device="cpu" keyword made "tpu"; a factory function called
-    without a device gets device="tpu".  on_tpu: whether results are
-    expected on "tpu" (some tensor or the device argument went there)."""
+    tpu (but the CPU_ARGS of OpInfo `key`) and a "cpu" device argument (the
+    test device; keyword or positional) made "tpu"; a factory function called without a device gets device="tpu".
+    on_tpu: whether results are expected on "tpu" (some tensor or the device
+    argument went there)."""
     moved = []
 
     def move(t):
         moved.append(t)
         return _to_tpu_tensor(t)
 
+    keep = CPU_ARGS.get(key, ())
+
+    def arg(i, a):
+        if i in keep:
+            return a
+        if _is_cpu_device(a):  # the test device passed positionally (Tensor.to(device, dtype))
+            moved.append(a)
+            return "tpu" if isinstance(a, str) else torch.device("tpu")
+        return _map(move, a)
+
     inp = _map(move, sample.input)
-    args = _map(move, tuple(sample.args))
+    args = tuple(arg(i, a) for i, a in enumerate(sample.args))
     kwargs = {}
     for k, v in sample.kwargs.items():
         if k == "device" and _is_cpu_device(v):
@@ -472,7 +504,17 @@ PROBE_SEED = 12345
 def _call(op, parts, seed):
     torch.manual_seed(seed)
     inp, args, kwargs = parts
-    return op(inp, *args, **kwargs)
+    if seed != PROBE_SEED:
+        return op(inp, *args, **kwargs)
+    # The randomness probe: OpInfo wrappers that reseed (wrapper_set_seed:
+    # manual_seed(42) around dropout inside scaled_dot_product_attention)
+    # must draw other numbers too, or a random sample looks deterministic.
+    orig = torch.manual_seed
+    torch.manual_seed = lambda s: orig(int(s) + PROBE_SEED)
+    try:
+        return op(inp, *args, **kwargs)
+    finally:
+        torch.manual_seed = orig
 
 
 class _Tally:
@@ -557,7 +599,7 @@ def run_forward(op, dtype, max_samples=None):
         where = f"sample {i} ({describe(s)})"
         probe = cpu_copy(s)
         try:
-            tpu_parts, on_tpu = to_tpu(s, op.is_factory_function)
+            tpu_parts, on_tpu = to_tpu(s, op.is_factory_function, op_key(op))
         except Exception as e:
             st, msg = classify_exception(e)
             tally.add(st, _clip(f"{where}: moving to tpu: {msg}"))
@@ -619,7 +661,7 @@ def run_grad(op, max_samples=None):
         tally.counts["samples"] += 1
         where = f"sample {i} ({describe(s)})"
         try:
-            tpu_parts, on_tpu = to_tpu(s, op.is_factory_function)
+            tpu_parts, on_tpu = to_tpu(s, op.is_factory_function, op_key(op))
         except Exception as e:
             st, msg = classify_exception(e)
             tally.add(st, _clip(f"{where}: moving to tpu: {msg}"))
@@ -701,7 +743,7 @@ def run_skipped(op, dtype, kind, max_samples=None):
             _cpu_failed(tally, e)
             continue
         try:
-            actual = _call(op, to_tpu(s, op.is_factory_function)[0], SEED)
+            actual = _call(op, to_tpu(s, op.is_factory_function, op_key(op))[0], SEED)
         except Exception as e:
             st, msg = classify_exception(e)
             tally.add(st, _clip(f"{msg} [{where}]"))

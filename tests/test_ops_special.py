@@ -161,6 +161,16 @@ def test_polygamma_grad_and_half(n):
     check(lambda t: torch.polygamma(n, t), torch.linspace(0.3, 7, 12).bfloat16(), rtol=1.6e-2, atol=1e-2)
 
 
+def test_polygamma_inplace_and_out():
+    x = torch.linspace(0.5, 3, 5)
+    y = x.to("tpu")
+    y.polygamma_(2)  # (self, n): the other argument order
+    torch.testing.assert_close(y.cpu(), x.clone().polygamma_(2), rtol=1.3e-6, atol=1e-5)
+    out = torch.empty(5, device="tpu")
+    torch.polygamma(3, x.to("tpu"), out=out)
+    torch.testing.assert_close(out.cpu(), torch.polygamma(3, x), rtol=1.3e-6, atol=1e-5)
+
+
 def test_digamma_grad_is_trigamma():
     check(torch.digamma, torch.linspace(-3.7, 5, 20).requires_grad_(), grad=True, rtol=1e-5, atol=1e-5)
 

@@ -651,8 +651,8 @@ static tp_val trigamma_t(tp_emit *e, tp_val x) {
 /* polygamma(n, x): digamma (n = 0), PyTorch's trigamma (n = 1), else
  * (-1)^(n+1) n! zeta(n + 1, x) with n! = exp(lgamma(n + 1)) in the compute
  * dtype and zeta in f64, as PyTorch does. */
-static void r_polygamma(tp_emit *e, const tp_node *n, tp_val *o) {
-  int64_t order = lw_int(n, 0, 0);
+static void polygamma_at(tp_emit *e, const tp_node *n, tp_val *o, int n_i, int x_i) {
+  int64_t order = lw_int(n, n_i, 0);
   if (order < 0) {
     o[0] = em_fail(e, TP_INVALID_ARGUMENT, "polygamma(n, x) does not support negative n.");
     return;
@@ -663,7 +663,7 @@ static void r_polygamma(tp_emit *e, const tp_node *n, tp_val *o) {
   }
   tp_dtype cdt = lw_opmath(OUT0->dt);
   tp_type ct = out_as(n, cdt);
-  tp_val x = in_as(e, n, 1, &ct);
+  tp_val x = in_as(e, n, x_i, &ct);
   tp_val r;
   if (order == 0) {
     r = lw_digamma(e, x);
@@ -678,6 +678,9 @@ static void r_polygamma(tp_emit *e, const tp_node *n, tp_val *o) {
   }
   o[0] = em_convert(e, r, OUT0->dt);
 }
+static void r_polygamma(tp_emit *e, const tp_node *n, tp_val *o) { polygamma_at(e, n, o, 0, 1); }
+/* polygamma_(self, n): the in-place form takes its arguments the other way round. */
+static void r_polygamma_(tp_emit *e, const tp_node *n, tp_val *o) { polygamma_at(e, n, o, 1, 0); }
 
 /* ---- regularized incomplete gamma ------------------------------------------------- */
 
@@ -1203,6 +1206,7 @@ const tp_lower_entry tp_lower_special[] = {
     {"aten::special_spherical_bessel_j0", r_sph_j0},
     {"aten::special_airy_ai", r_airy_ai},
     {"aten::polygamma", r_polygamma},
+    {"aten::polygamma_", r_polygamma_},
     {"aten::special_zeta", r_zeta},
     {"aten::igamma", r_igamma},
     {"aten::igammac", r_igammac},

@@ -8,11 +8,17 @@
  *  - Special functions of f32 (and f16/bf16/integer) inputs are computed in
  *    f64 and rounded once, which keeps them within a few f32 ulps of
  *    PyTorch's float kernels (the OpInfo tolerance is 1.3e-6 relative).
- *    Series run as fixed-count while loops; asymptotic expansions use
- *    coefficients computed here from their closed forms.
+ *    Power series run as while loops; asymptotic expansions use
+ *    coefficients computed here from their closed forms; K_nu in its middle
+ *    range is the trapezoid rule on its integral representation.
  *  - Where PyTorch's float result depends on its float arithmetic (the
- *    polynomial recurrences and closed forms, trigamma's reflection), the
- *    same operations run in the same dtype and order.
+ *    polynomial recurrences and closed forms, trigamma's reflection, the
+ *    phases of the Bessel and Airy expansions, log_ndtr's t * t), the same
+ *    operations run in the same dtype and order, or their f64 values are
+ *    rounded to float with reduce_precision (round_to: XLA:CPU drops a
+ *    convert to f32 and back, as it allows excess precision).
+ *  - XLA:CPU flushes subnormal floats to zero in arithmetic and comparisons;
+ *    nextafter and frexp work on the bits instead.
  *  - The polynomials' recurrences are while loops up to the largest degree
  *    among the elements still iterating (an element stops at its own n, or
  *    when its value turns NaN, as in PyTorch). */
@@ -42,28 +48,6 @@ static tp_val exp_(tp_emit *e, tp_val x) { return un(e, "stablehlo.exponential",
 static tp_val log_(tp_emit *e, tp_val x) { return un(e, "stablehlo.log", x); }
 static tp_val sqrt_(tp_emit *e, tp_val x) { return un(e, "stablehlo.sqrt", x); }
 static tp_val isinf_(tp_emit *e, tp_val x) { return cmp(e, "EQ", abs_(e, x), K(e, x, INFINITY)); }
-
-/* PyTorch's ScalarType names, for "<kernel>" not implemented for '<type>'. */
-static const char *tname(tp_dtype d) {
-  switch (d) {
-    case TP_U8: return "Byte";
-    case TP_I8: return "Char";
-    case TP_I16: return "Short";
-    case TP_I32: return "Int";
-    case TP_I64: return "Long";
-    case TP_F16: return "Half";
-    case TP_F32: return "Float";
-    case TP_F64: return "Double";
-    case TP_BOOL: return "Bool";
-    case TP_BF16: return "BFloat16";
-    case TP_C64: return "ComplexFloat";
-    case TP_C128: return "ComplexDouble";
-    default: return tp_dtype_name(d);
-  }
-}
-static tp_val not_for(tp_emit *e, const char *what, tp_dtype d) {
-  return em_fail(e, TP_UNIMPLEMENTED, "\"%s\" not implemented for '%s'", what, tname(d));
-}
 
 /* Argument i converted to t's dtype and broadcast to its shape; a bool tensor
  * reaches float arithmetic through u8 (XLA rewrites convert(pred) * x into a
@@ -124,7 +108,7 @@ typedef tp_val (*fn64)(tp_emit *e, tp_val x);
  * dtype (integers and bools promote to the output's float dtype). */
 static void unary64(tp_emit *e, const tp_node *n, tp_val *o, fn64 f) {
   if (!isf(OUT0->dt)) {
-    o[0] = em_fail(e, TP_UNIMPLEMENTED, "%s: output dtype %s is not supported on tpu", n->op, tname(OUT0->dt));
+    o[0] = em_fail(e, TP_UNIMPLEMENTED, "%s: output dtype %s is not supported on tpu", n->op, tp_scalar_type_name(OUT0->dt));
     return;
   }
   tp_type ct = out_as(n, TP_F64);
@@ -289,8 +273,7 @@ static tp_val i0_64(tp_emit *e, tp_val x) { return sel(e, isinf_(e, x), K(e, x, 
 static tp_val i1_64(tp_emit *e, tp_val x) { return unscale_i(e, x, i1e64(e, x)); }
 
 /* K_nu: x = 0 -> inf, x < 0 -> NaN, x = inf -> 0 (PyTorch). */
-static tp_val k_domain(tp_emit *e, tp_val x, tp_val r, int scaled) {
-  (void)scaled;
+static tp_val k_domain(tp_emit *e, tp_val x, tp_val r) {
   r = sel(e, cmp(e, "EQ", x, K(e, x, 0)), K(e, x, INFINITY), r);
   r = sel(e, cmp(e, "EQ", x, K(e, x, INFINITY)), K(e, x, 0), r);
   r = sel(e, cmp(e, "LT", x, K(e, x, 0)), K(e, x, NAN), r);
@@ -300,15 +283,15 @@ static tp_val kx(tp_emit *e, tp_val x) { /* a finite positive stand-in for domai
   tp_val ok = and_(e, cmp(e, "GT", x, K(e, x, 0)), cmp(e, "LT", x, K(e, x, INFINITY)));
   return sel(e, ok, x, K(e, x, 1));
 }
-static tp_val k0e64(tp_emit *e, tp_val x) { return k_domain(e, x, bessel_ke(e, kx(e, x), 0), 1); }
-static tp_val k1e64(tp_emit *e, tp_val x) { return k_domain(e, x, bessel_ke(e, kx(e, x), 1), 1); }
+static tp_val k0e64(tp_emit *e, tp_val x) { return k_domain(e, x, bessel_ke(e, kx(e, x), 0)); }
+static tp_val k1e64(tp_emit *e, tp_val x) { return k_domain(e, x, bessel_ke(e, kx(e, x), 1)); }
 static tp_val k0_64(tp_emit *e, tp_val x) {
   tp_val xx = kx(e, x);
-  return k_domain(e, x, mul(e, bessel_ke(e, xx, 0), exp_(e, un(e, "stablehlo.negate", xx))), 0);
+  return k_domain(e, x, mul(e, bessel_ke(e, xx, 0), exp_(e, un(e, "stablehlo.negate", xx))));
 }
 static tp_val k1_64(tp_emit *e, tp_val x) {
   tp_val xx = kx(e, x);
-  return k_domain(e, x, mul(e, bessel_ke(e, xx, 1), exp_(e, un(e, "stablehlo.negate", xx))), 0);
+  return k_domain(e, x, mul(e, bessel_ke(e, xx, 1), exp_(e, un(e, "stablehlo.negate", xx))));
 }
 
 #define UNARY64(name, f) \
@@ -347,7 +330,7 @@ static void r_i1(tp_emit *e, const tp_node *n, tp_val *o) { unscaled_i(e, n, o, 
  * result and its gradient depend on); erfcx and log in f64. */
 static void r_log_ndtr(tp_emit *e, const tp_node *n, tp_val *o) {
   if (!isf(OUT0->dt)) {
-    o[0] = not_for(e, "log_ndtr", OUT0->dt);
+    o[0] = lw_not_for(e, "log_ndtr", OUT0->dt);
     return;
   }
   tp_dtype cdt = lw_opmath(OUT0->dt);
@@ -367,7 +350,7 @@ static void r_log_ndtr(tp_emit *e, const tp_node *n, tp_val *o) {
  * at x = -9); the same rounding happens here before the f64 exp. */
 static void r_erfcx(tp_emit *e, const tp_node *n, tp_val *o) {
   if (!isf(OUT0->dt)) {
-    o[0] = not_for(e, "erfcx_cpu", OUT0->dt);
+    o[0] = lw_not_for(e, "erfcx_cpu", OUT0->dt);
     return;
   }
   tp_type ct = out_as(n, TP_F64);
@@ -435,7 +418,7 @@ static tp_val bessel_jy(tp_emit *e, tp_val ax, int nu, int want_y, tp_dtype pd) 
 
 static void r_bessel(tp_emit *e, const tp_node *n, tp_val *o, int nu, int want_y) {
   if (!isf(OUT0->dt)) {
-    o[0] = not_for(e, "bessel", OUT0->dt);
+    o[0] = lw_not_for(e, "bessel", OUT0->dt);
     return;
   }
   tp_type ct = out_as(n, TP_F64);
@@ -546,7 +529,7 @@ static tp_val airy_ai64(tp_emit *e, tp_val x, tp_dtype pd) {
 
 static void r_airy_ai(tp_emit *e, const tp_node *n, tp_val *o) {
   if (!isf(OUT0->dt)) {
-    o[0] = not_for(e, "airy_ai_cpu", OUT0->dt);
+    o[0] = lw_not_for(e, "airy_ai_cpu", OUT0->dt);
     return;
   }
   tp_type ct = out_as(n, TP_F64);
@@ -617,7 +600,7 @@ static tp_val zeta64(tp_emit *e, tp_val x, tp_val q) {
 /* special_zeta(x, q): computed in f64 (PyTorch accumulates in double too). */
 static void r_zeta(tp_emit *e, const tp_node *n, tp_val *o) {
   if (!isf(OUT0->dt)) {
-    o[0] = not_for(e, "zeta_cpu", OUT0->dt);
+    o[0] = lw_not_for(e, "zeta_cpu", OUT0->dt);
     return;
   }
   tp_type ct = out_as(n, TP_F64);
@@ -658,7 +641,7 @@ static void polygamma_at(tp_emit *e, const tp_node *n, tp_val *o, int n_i, int x
     return;
   }
   if (!isf(OUT0->dt)) {
-    o[0] = not_for(e, "polygamma", OUT0->dt);
+    o[0] = lw_not_for(e, "polygamma", OUT0->dt);
     return;
   }
   tp_dtype cdt = lw_opmath(OUT0->dt);
@@ -771,7 +754,7 @@ static tp_val igamma64(tp_emit *e, tp_val a, tp_val x, int want_q) {
 
 static void r_igamma_any(tp_emit *e, const tp_node *n, tp_val *o, int want_q) {
   if (!isf(OUT0->dt)) {
-    o[0] = not_for(e, want_q ? "igammac_cpu" : "igamma_cpu", OUT0->dt);
+    o[0] = lw_not_for(e, want_q ? "igammac_cpu" : "igamma_cpu", OUT0->dt);
     return;
   }
   tp_type ct = out_as(n, TP_F64);
@@ -798,7 +781,7 @@ static tp_val degree_i64(tp_emit *e, tp_val nf) {
 static void r_poly(tp_emit *e, const tp_node *n, tp_val *o, poly_kind kind, const char *kname) {
   tp_dtype dt = OUT0->dt;
   if (dt != TP_F32 && dt != TP_F64) {
-    o[0] = not_for(e, kname, dt);
+    o[0] = lw_not_for(e, kname, dt);
     return;
   }
   tp_type ct = out_as(n, dt);
@@ -997,7 +980,7 @@ static void r_fmin(tp_emit *e, const tp_node *n, tp_val *o) { fmaxmin(e, n, o, 0
 static void r_hypot(tp_emit *e, const tp_node *n, tp_val *o) {
   tp_type ct = common2(e, n, 0);
   if (!isf(ct.dt)) {
-    o[0] = not_for(e, "hypot_cpu", ct.dt);
+    o[0] = lw_not_for(e, "hypot_cpu", ct.dt);
     return;
   }
   int f64 = ct.dt == TP_F64;
@@ -1037,7 +1020,7 @@ static tp_val ordered_key(tp_emit *e, tp_val bits) {
 static void r_nextafter(tp_emit *e, const tp_node *n, tp_val *o) {
   tp_type ct = common2(e, n, 0);
   if (!isf(ct.dt)) {
-    o[0] = not_for(e, "nextafter_cpu", ct.dt);
+    o[0] = lw_not_for(e, "nextafter_cpu", ct.dt);
     return;
   }
   ct.dt = OUT0->dt; /* no opmath: the step is in the output's own format */
@@ -1091,7 +1074,7 @@ static void r_frexp(tp_emit *e, const tp_node *n, tp_val *o) {
 /* angle of a real number: pi for x < 0, 0 otherwise, NaN stays NaN. */
 static void r_angle(tp_emit *e, const tp_node *n, tp_val *o) {
   if (!isf(OUT0->dt)) {
-    o[0] = not_for(e, "angle_cpu", OUT0->dt);
+    o[0] = lw_not_for(e, "angle_cpu", OUT0->dt);
     return;
   }
   tp_type ct = out_as(n, lw_opmath(OUT0->dt));
@@ -1105,7 +1088,7 @@ static void r_angle(tp_emit *e, const tp_node *n, tp_val *o) {
 static void r_gcd(tp_emit *e, const tp_node *n, tp_val *o) {
   tp_type ct = common2(e, n, 0);
   if (!tp_dtype_is_int(ct.dt) || ct.dt == TP_BOOL) {
-    o[0] = not_for(e, "gcd_cpu", ct.dt);
+    o[0] = lw_not_for(e, "gcd_cpu", ct.dt);
     return;
   }
   tp_val a = in_as(e, n, 0, &ct), b = in_as(e, n, 1, &ct);
@@ -1131,7 +1114,7 @@ static void r_gcd(tp_emit *e, const tp_node *n, tp_val *o) {
 static void shift(tp_emit *e, const tp_node *n, tp_val *o, int left) {
   tp_type ct = common2(e, n, 0);
   if (!tp_dtype_is_int(ct.dt) || ct.dt == TP_BOOL) {
-    o[0] = not_for(e, left ? "lshift_cpu" : "rshift_cpu", ct.dt);
+    o[0] = lw_not_for(e, left ? "lshift_cpu" : "rshift_cpu", ct.dt);
     return;
   }
   tp_val a = in_as(e, n, 0, &ct), b = in_as(e, n, 1, &ct);

@@ -144,6 +144,28 @@ tp_val lw_operand(tp_emit *e, const tp_node *n, int i, const tp_type *t) {
   return em_bcast_to(e, v, t->rank, t->dims);
 }
 
+const char *tp_scalar_type_name(tp_dtype d) {
+  switch (d) {
+    case TP_U8: return "Byte";
+    case TP_I8: return "Char";
+    case TP_I16: return "Short";
+    case TP_I32: return "Int";
+    case TP_I64: return "Long";
+    case TP_F16: return "Half";
+    case TP_F32: return "Float";
+    case TP_F64: return "Double";
+    case TP_BOOL: return "Bool";
+    case TP_BF16: return "BFloat16";
+    case TP_C64: return "ComplexFloat";
+    case TP_C128: return "ComplexDouble";
+    default: return tp_dtype_name(d);
+  }
+}
+
+tp_val lw_not_for(tp_emit *e, const char *what, tp_dtype d) {
+  return em_fail(e, TP_UNIMPLEMENTED, "\"%s\" not implemented for '%s'", what, tp_scalar_type_name(d));
+}
+
 /* ---- promotion ---------------------------------------------------------------- */
 
 static int category(tp_dtype d) {

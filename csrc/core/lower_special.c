@@ -8,11 +8,17 @@
  *  - Special functions of f32 (and f16/bf16/integer) inputs are computed in
  *    f64 and rounded once, which keeps them within a few f32 ulps of
  *    PyTorch's float kernels (the OpInfo tolerance is 1.3e-6 relative).
- *    Series run as fixed-count while loops; asymptotic expansions use
- *    coefficients computed here from their closed forms.
+ *    Power series run as while loops; asymptotic expansions use
+ *    coefficients computed here from their closed forms; K_nu in its middle
+ *    range is the trapezoid rule on its integral representation.
  *  - Where PyTorch's float result depends on its float arithmetic (the
- *    polynomial recurrences and closed forms, trigamma's reflection), the
- *    same operations run in the same dtype and order.
+ *    polynomial recurrences and closed forms, trigamma's reflection, the
+ *    phases of the Bessel and Airy expansions, log_ndtr's t * t), the same
+ *    operations run in the same dtype and order, or their f64 values are
+ *    rounded to float with reduce_precision (round_to: XLA:CPU drops a
+ *    convert to f32 and back, as it allows excess precision).
+ *  - XLA:CPU flushes subnormal floats to zero in arithmetic and comparisons;
+ *    nextafter and frexp work on the bits instead.
  *  - The polynomials' recurrences are while loops up to the largest degree
  *    among the elements still iterating (an element stops at its own n, or
  *    when its value turns NaN, as in PyTorch). */
@@ -42,28 +48,6 @@ static tp_val exp_(tp_emit *e, tp_val x) { return un(e, "stablehlo.exponential",
 static tp_val log_(tp_emit *e, tp_val x) { return un(e, "stablehlo.log", x); }
 static tp_val sqrt_(tp_emit *e, tp_val x) { return un(e, "stablehlo.sqrt", x); }
 static tp_val isinf_(tp_emit *e, tp_val x) { return cmp(e, "EQ", abs_(e, x), K(e, x, INFINITY)); }
-
-/* PyTorch's ScalarType names, for "<kernel>" not implemented for '<type>'. */
-static const char *tname(tp_dtype d) {
-  switch (d) {
-    case TP_U8: return "Byte";
-    case TP_I8: return "Char";
-    case TP_I16: return "Short";
-    case TP_I32: return "Int";
-    case TP_I64: return "Long";
-    case TP_F16: return "Half";
-    case TP_F32: return "Float";
-    case TP_F64: return "Double";
-    case TP_BOOL: return "Bool";
-    case TP_BF16: return "BFloat16";
-    case TP_C64: return "ComplexFloat";
-    case TP_C128: return "ComplexDouble";
-    default: return tp_dtype_name(d);
-  }
-}
-static tp_val not_for(tp_emit *e, const char *what, tp_dtype d) {
-  return em_fail(e, TP_UNIMPLEMENTED, "\"%s\" not implemented for '%s'", what, tname(d));
-}
 
 /* Argument i converted to t's dtype and broadcast to its shape; a bool tensor
  * reaches float arithmetic through u8 (XLA rewrites convert(pred) * x into a
@@ -104,6 +88,18 @@ static tp_val horner(tp_emit *e, tp_val y, const double *c, int m) {
   return acc;
 }
 
+/* An f64 value rounded to dt's precision (kept in f64).  A convert to f32
+ * and back does not do it: XLA:CPU drops such round trips (it allows excess
+ * precision), reduce_precision it keeps. */
+static tp_val round_to(tp_emit *e, tp_val v, tp_dtype dt) {
+  const char *attrs = dt == TP_F32 ? "exponent_bits = 8 : i32, mantissa_bits = 23 : i32"
+                      : dt == TP_BF16 ? "exponent_bits = 8 : i32, mantissa_bits = 7 : i32"
+                      : dt == TP_F16  ? "exponent_bits = 5 : i32, mantissa_bits = 10 : i32"
+                                      : NULL;
+  if (!attrs) return v;
+  return em_op(e, "stablehlo.reduce_precision", attrs, &v, 1, em_type(e, v));
+}
+
 /* ---- unary special functions computed in f64 ------------------------------ */
 
 typedef tp_val (*fn64)(tp_emit *e, tp_val x);
@@ -112,7 +108,7 @@ typedef tp_val (*fn64)(tp_emit *e, tp_val x);
  * dtype (integers and bools promote to the output's float dtype). */
 static void unary64(tp_emit *e, const tp_node *n, tp_val *o, fn64 f) {
   if (!isf(OUT0->dt)) {
-    o[0] = em_fail(e, TP_UNIMPLEMENTED, "%s: output dtype %s is not supported on tpu", n->op, tname(OUT0->dt));
+    o[0] = em_fail(e, TP_UNIMPLEMENTED, "%s: output dtype %s is not supported on tpu", n->op, tp_scalar_type_name(OUT0->dt));
     return;
   }
   tp_type ct = out_as(n, TP_F64);
@@ -277,8 +273,7 @@ static tp_val i0_64(tp_emit *e, tp_val x) { return sel(e, isinf_(e, x), K(e, x, 
 static tp_val i1_64(tp_emit *e, tp_val x) { return unscale_i(e, x, i1e64(e, x)); }
 
 /* K_nu: x = 0 -> inf, x < 0 -> NaN, x = inf -> 0 (PyTorch). */
-static tp_val k_domain(tp_emit *e, tp_val x, tp_val r, int scaled) {
-  (void)scaled;
+static tp_val k_domain(tp_emit *e, tp_val x, tp_val r) {
   r = sel(e, cmp(e, "EQ", x, K(e, x, 0)), K(e, x, INFINITY), r);
   r = sel(e, cmp(e, "EQ", x, K(e, x, INFINITY)), K(e, x, 0), r);
   r = sel(e, cmp(e, "LT", x, K(e, x, 0)), K(e, x, NAN), r);
@@ -288,21 +283,20 @@ static tp_val kx(tp_emit *e, tp_val x) { /* a finite positive stand-in for domai
   tp_val ok = and_(e, cmp(e, "GT", x, K(e, x, 0)), cmp(e, "LT", x, K(e, x, INFINITY)));
   return sel(e, ok, x, K(e, x, 1));
 }
-static tp_val k0e64(tp_emit *e, tp_val x) { return k_domain(e, x, bessel_ke(e, kx(e, x), 0), 1); }
-static tp_val k1e64(tp_emit *e, tp_val x) { return k_domain(e, x, bessel_ke(e, kx(e, x), 1), 1); }
+static tp_val k0e64(tp_emit *e, tp_val x) { return k_domain(e, x, bessel_ke(e, kx(e, x), 0)); }
+static tp_val k1e64(tp_emit *e, tp_val x) { return k_domain(e, x, bessel_ke(e, kx(e, x), 1)); }
 static tp_val k0_64(tp_emit *e, tp_val x) {
   tp_val xx = kx(e, x);
-  return k_domain(e, x, mul(e, bessel_ke(e, xx, 0), exp_(e, un(e, "stablehlo.negate", xx))), 0);
+  return k_domain(e, x, mul(e, bessel_ke(e, xx, 0), exp_(e, un(e, "stablehlo.negate", xx))));
 }
 static tp_val k1_64(tp_emit *e, tp_val x) {
   tp_val xx = kx(e, x);
-  return k_domain(e, x, mul(e, bessel_ke(e, xx, 1), exp_(e, un(e, "stablehlo.negate", xx))), 0);
+  return k_domain(e, x, mul(e, bessel_ke(e, xx, 1), exp_(e, un(e, "stablehlo.negate", xx))));
 }
 
 #define UNARY64(name, f) \
   static void name(tp_emit *e, const tp_node *n, tp_val *o) { unary64(e, n, o, f); }
 UNARY64(r_erfc, erfc64)
-UNARY64(r_log_ndtr, log_ndtr64)
 UNARY64(r_ndtri, ndtri64)
 UNARY64(r_i0e, i0e64)
 UNARY64(r_i1e, i1e64)
@@ -330,18 +324,39 @@ static void unscaled_i(tp_emit *e, const tp_node *n, tp_val *o, fn64 f, int odd)
 static void r_i0(tp_emit *e, const tp_node *n, tp_val *o) { unscaled_i(e, n, o, i0_64, 0); }
 static void r_i1(tp_emit *e, const tp_node *n, tp_val *o) { unscaled_i(e, n, o, i1_64, 1); }
 
+/* log_ndtr: PyTorch's log(erfcx(-t) / 2) - t * t (x < -1), t = x / sqrt 2,
+ * with t, t * t and the final difference rounded to its compute dtype (the
+ * difference cancels most of t * t, so its rounding is what the float
+ * result and its gradient depend on); erfcx and log in f64. */
+static void r_log_ndtr(tp_emit *e, const tp_node *n, tp_val *o) {
+  if (!isf(OUT0->dt)) {
+    o[0] = lw_not_for(e, "log_ndtr", OUT0->dt);
+    return;
+  }
+  tp_dtype cdt = lw_opmath(OUT0->dt);
+  tp_type ct = out_as(n, TP_F64);
+  tp_val x = in_as(e, n, 0, &ct);
+  /* K(cdt constant) as f64: sqrt(1/2) rounded like PyTorch's constant */
+  double c = cdt == TP_F64 ? M_SQRT1_2 : (double)(float)M_SQRT1_2;
+  tp_val t = round_to(e, mul(e, x, K(e, x, c)), cdt);
+  tp_val lg = round_to(e, log_(e, mul(e, erfcx64(e, un(e, "stablehlo.negate", t)), K(e, t, 0.5))), cdt);
+  tp_val lo = round_to(e, sub(e, lg, round_to(e, mul(e, t, t), cdt)), cdt);
+  tp_val hi = log_ndtr64(e, x);
+  o[0] = em_convert(e, sel(e, cmp(e, "LT", x, K(e, x, -1.0)), lo, hi), OUT0->dt);
+}
+
 /* erfcx: for x < 0 PyTorch computes 2 exp(x*x) - erfcx(-x) with x*x rounded
  * to its compute dtype (which moves float results by up to ~1e-5 relative
  * at x = -9); the same rounding happens here before the f64 exp. */
 static void r_erfcx(tp_emit *e, const tp_node *n, tp_val *o) {
   if (!isf(OUT0->dt)) {
-    o[0] = not_for(e, "erfcx_cpu", OUT0->dt);
+    o[0] = lw_not_for(e, "erfcx_cpu", OUT0->dt);
     return;
   }
   tp_type ct = out_as(n, TP_F64);
   tp_val x = in_as(e, n, 0, &ct);
   tp_val xx = mul(e, x, x);
-  if (lw_opmath(OUT0->dt) != TP_F64) xx = em_convert(e, em_convert(e, xx, TP_F32), TP_F64);
+  xx = round_to(e, xx, lw_opmath(OUT0->dt));
   tp_val neg = sub(e, mul(e, K(e, x, 2), exp_(e, xx)), erfcx64(e, un(e, "stablehlo.negate", x)));
   tp_val r = sel(e, cmp(e, "LT", x, K(e, x, 0)), neg, erfcx64(e, x));
   o[0] = em_convert(e, r, OUT0->dt);
@@ -351,8 +366,8 @@ static void r_erfcx(tp_emit *e, const tp_node *n, tp_val *o) {
 
 /* The phase x - c rounded to the dtype PyTorch computes it in (pd), as f64. */
 static tp_val phase(tp_emit *e, tp_val x, double c, tp_dtype pd) {
-  tp_val xp = em_convert(e, x, pd);
-  return em_convert(e, sub(e, xp, K(e, xp, c)), TP_F64);
+  double cr = pd == TP_F64 ? c : (double)(float)c;
+  return round_to(e, sub(e, round_to(e, x, pd), K(e, x, cr)), pd);
 }
 
 /* J_nu (want_y = 0) or Y_nu (want_y = 1) for x >= 0, nu = 0 or 1, in f64:
@@ -403,7 +418,7 @@ static tp_val bessel_jy(tp_emit *e, tp_val ax, int nu, int want_y, tp_dtype pd) 
 
 static void r_bessel(tp_emit *e, const tp_node *n, tp_val *o, int nu, int want_y) {
   if (!isf(OUT0->dt)) {
-    o[0] = not_for(e, "bessel", OUT0->dt);
+    o[0] = lw_not_for(e, "bessel", OUT0->dt);
     return;
   }
   tp_type ct = out_as(n, TP_F64);
@@ -499,10 +514,11 @@ static tp_val airy_ai64(tp_emit *e, tp_val x, tp_dtype pd) {
   tp_val wz = dv(e, K(e, zn, 1), mul(e, zn, zn));
   tp_val P = horner(e, wz, pc, 12), Q = dv(e, horner(e, wz, qc, 12), zn);
   /* PyTorch's t = -2 x sqrt(-x) / 3 + pi / 4 in its dtype */
-  tp_val xq = em_convert(e, un(e, "stablehlo.negate", xn), pd);
-  tp_val tq = add(e, dv(e, mul(e, mul(e, K(e, xq, -2.0), xq), sqrt_(e, un(e, "stablehlo.negate", xq))), K(e, xq, 3.0)),
-                  mul(e, K(e, xq, 0.25), K(e, xq, M_PI)));
-  tp_val t = em_convert(e, tq, TP_F64);
+  tp_val xq = round_to(e, un(e, "stablehlo.negate", xn), pd);
+  tp_val sq = round_to(e, sqrt_(e, un(e, "stablehlo.negate", xq)), pd);
+  tp_val tq = round_to(e, dv(e, round_to(e, mul(e, mul(e, K(e, xq, -2.0), xq), sq), pd), K(e, xq, 3.0)), pd);
+  double qpi = pd == TP_F64 ? 0.25 * M_PI : (double)(0.25f * (float)M_PI);
+  tp_val t = round_to(e, add(e, tq, K(e, tq, qpi)), pd);
   tp_val rneg = dv(e, sub(e, mul(e, un(e, "stablehlo.sine", t), P), mul(e, un(e, "stablehlo.cosine", t), Q)),
                    mul(e, K(e, xn, sqrt(M_PI)), sqrt_(e, sqrt_(e, xn))));
   tp_val r = sel(e, pos, rpos, sel(e, negb, rneg, rser));
@@ -513,7 +529,7 @@ static tp_val airy_ai64(tp_emit *e, tp_val x, tp_dtype pd) {
 
 static void r_airy_ai(tp_emit *e, const tp_node *n, tp_val *o) {
   if (!isf(OUT0->dt)) {
-    o[0] = not_for(e, "airy_ai_cpu", OUT0->dt);
+    o[0] = lw_not_for(e, "airy_ai_cpu", OUT0->dt);
     return;
   }
   tp_type ct = out_as(n, TP_F64);
@@ -584,7 +600,7 @@ static tp_val zeta64(tp_emit *e, tp_val x, tp_val q) {
 /* special_zeta(x, q): computed in f64 (PyTorch accumulates in double too). */
 static void r_zeta(tp_emit *e, const tp_node *n, tp_val *o) {
   if (!isf(OUT0->dt)) {
-    o[0] = not_for(e, "zeta_cpu", OUT0->dt);
+    o[0] = lw_not_for(e, "zeta_cpu", OUT0->dt);
     return;
   }
   tp_type ct = out_as(n, TP_F64);
@@ -618,19 +634,19 @@ static tp_val trigamma_t(tp_emit *e, tp_val x) {
 /* polygamma(n, x): digamma (n = 0), PyTorch's trigamma (n = 1), else
  * (-1)^(n+1) n! zeta(n + 1, x) with n! = exp(lgamma(n + 1)) in the compute
  * dtype and zeta in f64, as PyTorch does. */
-static void r_polygamma(tp_emit *e, const tp_node *n, tp_val *o) {
-  int64_t order = lw_int(n, 0, 0);
+static void polygamma_at(tp_emit *e, const tp_node *n, tp_val *o, int n_i, int x_i) {
+  int64_t order = lw_int(n, n_i, 0);
   if (order < 0) {
     o[0] = em_fail(e, TP_INVALID_ARGUMENT, "polygamma(n, x) does not support negative n.");
     return;
   }
   if (!isf(OUT0->dt)) {
-    o[0] = not_for(e, "polygamma", OUT0->dt);
+    o[0] = lw_not_for(e, "polygamma", OUT0->dt);
     return;
   }
   tp_dtype cdt = lw_opmath(OUT0->dt);
   tp_type ct = out_as(n, cdt);
-  tp_val x = in_as(e, n, 1, &ct);
+  tp_val x = in_as(e, n, x_i, &ct);
   tp_val r;
   if (order == 0) {
     r = lw_digamma(e, x);
@@ -645,6 +661,9 @@ static void r_polygamma(tp_emit *e, const tp_node *n, tp_val *o) {
   }
   o[0] = em_convert(e, r, OUT0->dt);
 }
+static void r_polygamma(tp_emit *e, const tp_node *n, tp_val *o) { polygamma_at(e, n, o, 0, 1); }
+/* polygamma_(self, n): the in-place form takes its arguments the other way round. */
+static void r_polygamma_(tp_emit *e, const tp_node *n, tp_val *o) { polygamma_at(e, n, o, 1, 0); }
 
 /* ---- regularized incomplete gamma ------------------------------------------------- */
 
@@ -735,7 +754,7 @@ static tp_val igamma64(tp_emit *e, tp_val a, tp_val x, int want_q) {
 
 static void r_igamma_any(tp_emit *e, const tp_node *n, tp_val *o, int want_q) {
   if (!isf(OUT0->dt)) {
-    o[0] = not_for(e, want_q ? "igammac_cpu" : "igamma_cpu", OUT0->dt);
+    o[0] = lw_not_for(e, want_q ? "igammac_cpu" : "igamma_cpu", OUT0->dt);
     return;
   }
   tp_type ct = out_as(n, TP_F64);
@@ -762,7 +781,7 @@ static tp_val degree_i64(tp_emit *e, tp_val nf) {
 static void r_poly(tp_emit *e, const tp_node *n, tp_val *o, poly_kind kind, const char *kname) {
   tp_dtype dt = OUT0->dt;
   if (dt != TP_F32 && dt != TP_F64) {
-    o[0] = not_for(e, kname, dt);
+    o[0] = lw_not_for(e, kname, dt);
     return;
   }
   tp_type ct = out_as(n, dt);
@@ -824,13 +843,13 @@ static void r_poly(tp_emit *e, const tp_node *n, tp_val *o, poly_kind kind, cons
     int lim = kind == CHEB_T || shifted ? 6 : 8;
     if (kind == SCHEB_W) lim = 4;
     use_closed = and_(e, cmp(e, "GT", ni, I(lim)), cmp(e, "LT", ay, one));
-    /* acos in f64, rounded once: XLA's f32 acos is an ulp off glibc's, which
-     * the closed forms amplify by up to n / sin(acos x) */
+    /* acos in f64, rounded once (XLA's f32 acos is less accurate; the
+     * closed forms amplify its error by up to n / sin(acos x)) */
     tp_val th = em_convert(e, un(e, "chlo.acos", em_convert(e, y, TP_F64)), dt);
     /* sin/cos of the dt-rounded argument, evaluated in f64: XLA's f32 sine
      * and cosine lose accuracy for large arguments (n in the millions) */
-#define COS(v) em_convert(e, un(e, "stablehlo.cosine", em_convert(e, (v), TP_F64)), dt)
-#define SIN(v) em_convert(e, un(e, "stablehlo.sine", em_convert(e, (v), TP_F64)), dt)
+#define COS(v) em_convert(e, un(e, "stablehlo.cosine", round_to(e, em_convert(e, (v), TP_F64), dt)), dt)
+#define SIN(v) em_convert(e, un(e, "stablehlo.sine", round_to(e, em_convert(e, (v), TP_F64), dt)), dt)
     tp_val half = dv(e, th, T(2));
     tp_val nh = add(e, nT, T(0.5));
     switch (kind) {
@@ -961,7 +980,7 @@ static void r_fmin(tp_emit *e, const tp_node *n, tp_val *o) { fmaxmin(e, n, o, 0
 static void r_hypot(tp_emit *e, const tp_node *n, tp_val *o) {
   tp_type ct = common2(e, n, 0);
   if (!isf(ct.dt)) {
-    o[0] = not_for(e, "hypot_cpu", ct.dt);
+    o[0] = lw_not_for(e, "hypot_cpu", ct.dt);
     return;
   }
   int f64 = ct.dt == TP_F64;
@@ -1001,7 +1020,7 @@ static tp_val ordered_key(tp_emit *e, tp_val bits) {
 static void r_nextafter(tp_emit *e, const tp_node *n, tp_val *o) {
   tp_type ct = common2(e, n, 0);
   if (!isf(ct.dt)) {
-    o[0] = not_for(e, "nextafter_cpu", ct.dt);
+    o[0] = lw_not_for(e, "nextafter_cpu", ct.dt);
     return;
   }
   ct.dt = OUT0->dt; /* no opmath: the step is in the output's own format */
@@ -1055,7 +1074,7 @@ static void r_frexp(tp_emit *e, const tp_node *n, tp_val *o) {
 /* angle of a real number: pi for x < 0, 0 otherwise, NaN stays NaN. */
 static void r_angle(tp_emit *e, const tp_node *n, tp_val *o) {
   if (!isf(OUT0->dt)) {
-    o[0] = not_for(e, "angle_cpu", OUT0->dt);
+    o[0] = lw_not_for(e, "angle_cpu", OUT0->dt);
     return;
   }
   tp_type ct = out_as(n, lw_opmath(OUT0->dt));
@@ -1069,7 +1088,7 @@ static void r_angle(tp_emit *e, const tp_node *n, tp_val *o) {
 static void r_gcd(tp_emit *e, const tp_node *n, tp_val *o) {
   tp_type ct = common2(e, n, 0);
   if (!tp_dtype_is_int(ct.dt) || ct.dt == TP_BOOL) {
-    o[0] = not_for(e, "gcd_cpu", ct.dt);
+    o[0] = lw_not_for(e, "gcd_cpu", ct.dt);
     return;
   }
   tp_val a = in_as(e, n, 0, &ct), b = in_as(e, n, 1, &ct);
@@ -1095,7 +1114,7 @@ static void r_gcd(tp_emit *e, const tp_node *n, tp_val *o) {
 static void shift(tp_emit *e, const tp_node *n, tp_val *o, int left) {
   tp_type ct = common2(e, n, 0);
   if (!tp_dtype_is_int(ct.dt) || ct.dt == TP_BOOL) {
-    o[0] = not_for(e, left ? "lshift_cpu" : "rshift_cpu", ct.dt);
+    o[0] = lw_not_for(e, left ? "lshift_cpu" : "rshift_cpu", ct.dt);
     return;
   }
   tp_val a = in_as(e, n, 0, &ct), b = in_as(e, n, 1, &ct);
@@ -1170,6 +1189,7 @@ const tp_lower_entry tp_lower_special[] = {
     {"aten::special_spherical_bessel_j0", r_sph_j0},
     {"aten::special_airy_ai", r_airy_ai},
     {"aten::polygamma", r_polygamma},
+    {"aten::polygamma_", r_polygamma_},
     {"aten::special_zeta", r_zeta},
     {"aten::igamma", r_igamma},
     {"aten::igammac", r_igammac},

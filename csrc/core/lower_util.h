@@ -39,6 +39,11 @@ tp_val lw_value(tp_emit *e, const tp_node *n, int i);
 tp_val lw_operand(tp_emit *e, const tp_node *n, int i, const tp_type *t);
 
 /* ---- dtypes ----------------------------------------------------------- */
+/* PyTorch's ScalarType name of a dtype ("Float", "BFloat16", "Bool"). */
+const char *tp_scalar_type_name(tp_dtype d);
+/* Fail like PyTorch's dispatch macros: "<what>" not implemented for '<type>'
+ * (TP_UNIMPLEMENTED); returns -1. */
+tp_val lw_not_for(tp_emit *e, const char *what, tp_dtype d);
 tp_dtype lw_promote(tp_dtype a, tp_dtype b);
 /* PyTorch's result_type over the listed arguments (tensors, 0-dim tensors
  * and wrapped numbers each in their own priority class). */

@@ -28,30 +28,6 @@
 static int isf(tp_dtype d) { return tp_dtype_is_float(d); }
 static int isc(tp_dtype d) { return tp_dtype_is_complex(d); }
 
-/* PyTorch's ScalarType names, for error messages like PyTorch's. */
-static const char *tname(tp_dtype d) {
-  switch (d) {
-    case TP_U8: return "Byte";
-    case TP_I8: return "Char";
-    case TP_I16: return "Short";
-    case TP_I32: return "Int";
-    case TP_I64: return "Long";
-    case TP_F16: return "Half";
-    case TP_F32: return "Float";
-    case TP_F64: return "Double";
-    case TP_BOOL: return "Bool";
-    case TP_BF16: return "BFloat16";
-    case TP_C64: return "ComplexFloat";
-    case TP_C128: return "ComplexDouble";
-    default: return tp_dtype_name(d);
-  }
-}
-
-/* Fail like PyTorch's dispatch macros: "<kernel>" not implemented for 'Bool'. */
-static tp_val not_for(tp_emit *e, const char *what, tp_dtype d) {
-  return em_fail(e, TP_UNIMPLEMENTED, "\"%s\" not implemented for '%s'", what, tname(d));
-}
-
 static tp_val finish(tp_emit *e, const tp_node *n, tp_val v) { return em_convert(e, v, n->outs[0].dt); }
 
 static tp_val k(tp_emit *e, tp_val like, double v) { return lw_full_like(e, like, v); }
@@ -152,7 +128,7 @@ static void r_fmod(tp_emit *e, const tp_node *n, tp_val *o) { arith(e, n, o, "st
 static void bitwise(tp_emit *e, const tp_node *n, tp_val *o, const char *op, const char *name) {
   tp_type ct = common_type(e, n, 2, 0);
   if (isf(ct.dt) || isc(ct.dt)) {
-    o[0] = not_for(e, name, ct.dt);
+    o[0] = lw_not_for(e, name, ct.dt);
     return;
   }
   o[0] = finish(e, n, em_binary(e, op, opnd(e, n, 0, &ct), opnd(e, n, 1, &ct)));
@@ -191,7 +167,7 @@ static void r_pow(tp_emit *e, const tp_node *n, tp_val *o) {
     /* PyTorch's pow(Tensor, Scalar) answers exponents 0 (ones) and 1 (self)
      * before its kernel, which refuses bool; x ** 0 = 1 and x ** 1 = x are
      * what this computes. */
-    if (strcmp(n->op, "aten::pow.Tensor_Scalar")) o[0] = not_for(e, "pow", ct.dt);
+    if (strcmp(n->op, "aten::pow.Tensor_Scalar")) o[0] = lw_not_for(e, "pow", ct.dt);
     else o[0] = finish(e, n, em_select(e, b, a, k(e, a, 1)));
     return;
   }
@@ -306,7 +282,7 @@ static void r_lnot(tp_emit *e, const tp_node *n, tp_val *o) {
 }
 static void r_bnot(tp_emit *e, const tp_node *n, tp_val *o) {
   if (isf(OUT0->dt) || isc(OUT0->dt)) {
-    o[0] = not_for(e, "bitwise_not_cpu", OUT0->dt);
+    o[0] = lw_not_for(e, "bitwise_not_cpu", OUT0->dt);
     return;
   }
   o[0] = un(e, "stablehlo.not", lw_operand(e, n, 0, OUT0));
@@ -328,7 +304,7 @@ static void r_masked_fill(tp_emit *e, const tp_node *n, tp_val *o) {
 static void r_clamp(tp_emit *e, const tp_node *n, tp_val *o) {
   tp_type ct = common_type(e, n, 3, 0);
   if (ct.dt == TP_BOOL) { /* (clamp_min / clamp_max take bools) */
-    o[0] = not_for(e, "clamp_cpu", ct.dt);
+    o[0] = lw_not_for(e, "clamp_cpu", ct.dt);
     return;
   }
   tp_val x = opnd(e, n, 0, &ct);
@@ -455,7 +431,7 @@ static void r_abs(tp_emit *e, const tp_node *n, tp_val *o) {
     return;
   }
   if (t->dt == TP_BOOL) {
-    o[0] = not_for(e, "abs_cpu", t->dt);
+    o[0] = lw_not_for(e, "abs_cpu", t->dt);
     return;
   }
   if (tp_dtype_is_unsigned(t->dt)) {
@@ -470,7 +446,7 @@ static void r_abs(tp_emit *e, const tp_node *n, tp_val *o) {
 static int int_rounding(tp_emit *e, const tp_node *n, tp_val *o, const char *what) {
   tp_dtype dt = lw_dtype(e, n, 0);
   if (dt == TP_BOOL) {
-    o[0] = not_for(e, what, dt);
+    o[0] = lw_not_for(e, what, dt);
     return 1;
   }
   if (!isf(dt)) {
@@ -500,7 +476,7 @@ static void r_round(tp_emit *e, const tp_node *n, tp_val *o) {
   int has_dec = !strcmp(n->op, "aten::round.decimals");
   tp_dtype dt = lw_dtype(e, n, 0);
   if (has_dec && !isf(dt)) {
-    o[0] = not_for(e, "round_cpu", dt);
+    o[0] = lw_not_for(e, "round_cpu", dt);
     return;
   }
   if (int_rounding(e, n, o, "round_vml_cpu")) return;
@@ -520,7 +496,7 @@ static void r_round(tp_emit *e, const tp_node *n, tp_val *o) {
 static void r_frac(tp_emit *e, const tp_node *n, tp_val *o) {
   tp_dtype dt = lw_dtype(e, n, 0);
   if (!isf(dt)) {
-    o[0] = not_for(e, "frac_cpu", dt);
+    o[0] = lw_not_for(e, "frac_cpu", dt);
     return;
   }
   tp_val x = x_in(e, n);
@@ -561,7 +537,7 @@ static void r_signbit(tp_emit *e, const tp_node *n, tp_val *o) {
   } else if (tp_dtype_is_int(t.dt)) {
     o[0] = em_compare(e, "LT", x, k(e, x, 0));
   } else {
-    o[0] = not_for(e, "signbit_cpu", t.dt);
+    o[0] = lw_not_for(e, "signbit_cpu", t.dt);
   }
 }
 

@@ -1052,7 +1052,7 @@ def test_fill_uint8_wraps_documented():
 # ---- compiled graphs: the entries eager mode never reaches -------------------------------------
 
 def test_compiled_graph_entries():
-    import torch._prims  # noqa: F401  registers torch.ops.prims (not imported by `import torch`)
+    import torch._inductor.inductor_prims  # noqa: F401  registers prims::fma (Inductor decompositions use it)
 
     def f(x, i):
         z = torch.zeros(2, 3, device=x.device) + torch.ones(2, 3, device=x.device)

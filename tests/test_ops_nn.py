@@ -646,3 +646,36 @@ def test_group_norm_backward_masks(mask):
     for r, e, m in zip(res, exp, mask):
         if m:
             assert_close(r, e, rtol=1e-4, atol=1e-5)
+
+
+# ---------------------------------------------------------------------------
+# low-precision batch norm: rounded like PyTorch's CPU kernels
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, BF16])
+@pytest.mark.parametrize("op", ["legit", "with_update", "instance_norm"])
+def test_batch_norm_lowp_train_matches_cpu(dtype, op):
+    """Training-mode statistics are stored (rounded) in the input dtype by
+    PyTorch's CPU kernel; the outputs must match it to the last bit (within
+    one ulp for the rare f64-vs-FMA double rounding), and save_mean/save_invstd
+    come back in the input's dtype."""
+    for seed in range(4):
+        x = (rnd(5, 5, 7, grad=False, seed=seed) * 3 + 1).to(dtype)
+        w, b = rnd(5, grad=False, seed=seed + 10).to(dtype), rnd(5, grad=False, seed=seed + 20).to(dtype)
+        rm, rv = rnd(5, grad=False, seed=seed + 30).to(dtype), (rnd(5, grad=False, seed=seed + 40).abs() + 0.5).to(dtype)
+        if op == "legit":
+            fn = lambda x, w, b, rm, rv: aten._native_batch_norm_legit(x, w, b, rm, rv, True, 0.5, 0.6)
+        elif op == "with_update":
+            fn = lambda x, w, b, rm, rv: aten._batch_norm_with_update(x, w, b, rm, rv, 0.5, 0.6)[:3]
+        else:
+            fn = lambda x, w, b, rm, rv: F.instance_norm(x, rm, rv, w, b, momentum=0.5, eps=0.6)
+        check(fn, x, w, b, rm, rv, rtol=0, atol=0 if dtype == BF16 else 1e-3)
+
+
+def test_batch_norm_eval_stats_are_empty_like_cpu():
+    x, w = rnd(2, 3, 4, grad=False, dtype=BF16), rnd(3, grad=False, dtype=BF16)
+    check(lambda x, w, rm, rv: aten._native_batch_norm_legit(x, w, w, rm, rv, False, 0.1, 1e-5),
+          x, w, w.clone(), w.abs() + 1)
+    wf = w.float()
+    check(lambda x, w, rm, rv: aten._native_batch_norm_legit(x, w, w, rm, rv, True, 0.1, 1e-5),
+          x, wf, wf.clone(), wf.abs() + 1)

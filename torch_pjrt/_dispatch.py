@@ -94,6 +94,36 @@ def _scalar_code(v):
     return 7
 
 
+def _bn_stats_fix(training_idx):
+    """Batch norm's save_mean/save_invstd as PyTorch's CPU kernel returns
+    them (its meta functions differ): in the input's dtype unless a
+    parameter is float32 ("mixed" f16/bf16), and empty in evaluation mode."""
+    def fix(vals, specs):
+        x = vals[0]
+        params = [v for v in vals[1:5] if isinstance(v, torch.Tensor)]
+        training = True if training_idx is None else bool(vals[training_idx])
+        dt = x.dtype
+        if dt in (torch.float16, torch.bfloat16) and any(p.dtype != dt for p in params):
+            dt = torch.float32
+        out = list(specs)
+        for i in (1, 2):
+            if out[i] is not None:
+                shape = out[i][0] if training else torch.Size([0])
+                out[i] = (shape, (1,), dt)
+        return tuple(out)
+    return fix
+
+
+# Output specs that PyTorch's meta functions get wrong, corrected to what the
+# CPU kernels return: op name -> fix(argument values, specs) -> specs.
+_META_FIX = {
+    "aten::native_batch_norm": _bn_stats_fix(5),
+    "aten::_native_batch_norm_legit": _bn_stats_fix(5),
+    "aten::_native_batch_norm_legit_functional": _bn_stats_fix(5),
+    "aten::_native_batch_norm_legit.no_stats": _bn_stats_fix(3),
+    "aten::_batch_norm_with_update": _bn_stats_fix(None),
+}
+
 # Ops that update arguments in place without saying so in their schema.
 _MUTATES = {"aten::native_batch_norm": (3, 4)}
 
@@ -334,6 +364,9 @@ class _Handler:
         multi = isinstance(meta_out, (tuple, list))
         metas = meta_out if multi else (meta_out,)
         specs = tuple(None if m is None else (m.shape, m.stride(), m.dtype) for m in metas)
+        fix = _META_FIX.get(self.name)
+        if fix is not None:
+            specs = fix(self._values(args, kwargs, self.all_args), specs)
         return (multi, specs)
 
     def _fix_indices(self, args, kwargs, masks_to_indices):

@@ -250,6 +250,12 @@ static void r_layer_norm_backward(tp_emit *e, const tp_node *n, tp_val *o) {
 
 /* ---- batch norm ------------------------------------------------------------------- */
 
+/* v (f32) rounded to dtype dt and back. */
+static tp_val rnd_to(tp_emit *e, tp_val v, tp_dtype dt) {
+  tp_dtype from = em_type(e, v)->dt;
+  return em_convert(e, em_convert(e, v, dt), from);
+}
+
 /* Reduction dims of batch norm: all but dim 1. */
 static int bn_dims(int rank, int64_t *rd) {
   int k = 0;
@@ -268,21 +274,45 @@ static void batch_norm(tp_emit *e, const tp_node *n, tp_val *o, int wi, int bi, 
     o[0] = em_fail(e, TP_INVALID_ARGUMENT, "%s: expected an input with at least 2 dims, got %d", n->op, t.rank);
     return;
   }
-  tp_dtype ct = lw_opmath(t.dt);
+  tp_dtype xdt = t.dt, ct = lw_opmath(t.dt);
   t.dt = ct;
   tp_val x = em_convert(e, x0, ct);
   int64_t rd[TP_MAX_RANK], ch = 1;
   int nr = bn_dims(t.rank, rd);
   int64_t C = t.dims[1], cnt = C ? numel_of(&t) / C : 0;
+  /* f16/bf16 input with parameters of its own dtype: PyTorch's CPU kernel
+   * keeps the statistics in that dtype (not "mixed"), which rounds them. */
+  int lowp = training && ct != xdt;
+  const int pi[4] = {wi, bi, rmi, rvi};
+  for (int j = 0; j < 4; j++)
+    if (pi[j] >= 0 && lw_arg(n, pi[j])->kind == TP_ARG_TENSOR && lw_dtype(e, n, pi[j]) != xdt) lowp = 0;
   tp_val rm = rmi >= 0 ? opt_tensor(e, n, rmi, ct) : -1, rv = rvi >= 0 ? opt_tensor(e, n, rvi, ct) : -1;
   tp_val w = wi >= 0 ? opt_tensor(e, n, wi, ct) : -1, b = bi >= 0 ? opt_tensor(e, n, bi, ct) : -1;
   tp_val mean, invstd, new_rm = rm, new_rv = rv;
   if (training) {
     double invc = cnt ? 1.0 / (double)cnt : NAN;
     mean = mulk(e, rsum(e, x, rd, nr), invc);
-    tp_val d = sub(e, x, bcast(e, mean, &t, &ch));
-    tp_val var = mulk(e, rsum(e, mul(e, d, d), rd, nr), invc);
-    invstd = dv(e, kf(e, var, 1), em_unary(e, "stablehlo.sqrt", add(e, var, kf(e, var, eps))));
+    tp_val var;
+    if (!lowp) {
+      tp_val d = sub(e, x, bcast(e, mean, &t, &ch));
+      var = mulk(e, rsum(e, mul(e, d, d), rd, nr), invc);
+      invstd = dv(e, kf(e, var, 1), em_unary(e, "stablehlo.sqrt", add(e, var, kf(e, var, eps))));
+    } else {
+      /* Where PyTorch's CPU kernels round (measured against them): the mean
+       * is stored in the input dtype; bf16 centres on the f32 mean and
+       * stores the sum of squares, then divides by the count in bf16; f16
+       * centres on the rounded mean and divides in f32.  invstd is
+       * 1 / sqrt(var + eps) in double, stored in the input dtype. */
+      tp_val mean_r = rnd_to(e, mean, xdt);
+      tp_val d = sub(e, x, bcast(e, xdt == TP_BF16 ? mean : mean_r, &t, &ch));
+      tp_val vs = rsum(e, mul(e, d, d), rd, nr);
+      if (xdt == TP_BF16) var = rnd_to(e, dv(e, rnd_to(e, vs, xdt), rnd_to(e, kf(e, vs, (double)cnt), xdt)), xdt);
+      else var = mulk(e, vs, invc);
+      tp_val vd = em_convert(e, var, TP_F64);
+      invstd = dv(e, kf(e, vd, 1), em_unary(e, "stablehlo.sqrt", add(e, vd, kf(e, vd, eps))));
+      invstd = rnd_to(e, em_convert(e, invstd, ct), xdt);
+      mean = mean_r;
+    }
     if (rm >= 0) new_rm = add(e, mulk(e, mean, momentum), mulk(e, rm, 1 - momentum));
     if (rv >= 0) {
       double corr = cnt > 1 ? (double)cnt / (double)(cnt - 1) : INFINITY;
@@ -307,7 +337,18 @@ static void batch_norm(tp_emit *e, const tp_node *n, tp_val *o, int wi, int bi, 
   tp_val alpha = w >= 0 ? mul(e, invstd, w) : invstd;
   tp_val beta = em_unary(e, "stablehlo.negate", mul(e, mean, alpha));
   if (b >= 0) beta = add(e, b, beta);
-  tp_val y = add(e, mul(e, x, bcast(e, alpha, &t, &ch)), bcast(e, beta, &t, &ch));
+  tp_val y;
+  if (lowp && xdt == TP_F16) {
+    /* PyTorch's f16 kernel contracts x * alpha + beta to an FMA: x * alpha
+     * is exact in f64, so one f64 add rounds (almost always) like it. */
+    tp_type t64 = t;
+    t64.dt = TP_F64;
+    y = add(e, mul(e, em_convert(e, x, TP_F64), bcast(e, em_convert(e, alpha, TP_F64), &t64, &ch)),
+            bcast(e, em_convert(e, beta, TP_F64), &t64, &ch));
+    y = em_convert(e, y, ct);
+  } else {
+    y = add(e, mul(e, x, bcast(e, alpha, &t, &ch)), bcast(e, beta, &t, &ch));
+  }
   o[0] = em_convert(e, y, n->outs[0].dt);
   if (n->nouts > 1) o[1] = numel_of(OUT(1)) == C ? as_out(e, n, 1, mean) : em_full(e, 0, OUT(1));
   if (n->nouts > 2) o[2] = numel_of(OUT(2)) == C ? as_out(e, n, 2, invstd) : em_full(e, 0, OUT(2));
@@ -328,6 +369,37 @@ static void r_batch_norm_no_stats(tp_emit *e, const tp_node *n, tp_val *o) {
 static void r_batch_norm_no_training(tp_emit *e, const tp_node *n, tp_val *o) {
   batch_norm(e, n, o, 1, 2, 3, 4, 0, lw_float(n, 5, 0.1), lw_float(n, 6, 1e-5));
 }
+
+/* _batch_norm_with_update(input, weight?, bias?, running_mean!, running_var!, momentum, eps)
+ * -> (out, save_mean, save_invstd, reserve), then the updated running_mean
+ * and running_var as outputs 4 and 5 (the dispatcher passes mutated
+ * arguments as extra outputs).  _batch_norm_no_update: the same in
+ * evaluation mode, running statistics optional and unchanged. */
+static void bn_update_like(tp_emit *e, const tp_node *n, tp_val *o, int training) {
+  if (n->nouts < 4 || (training && n->nouts < 6)) {
+    o[0] = em_fail(e, TP_INTERNAL, "%s: expected %d outputs, got %d", n->op, training ? 6 : 4, n->nouts);
+    return;
+  }
+  tp_type outs[5] = {n->outs[0], n->outs[1], n->outs[2]};
+  tp_node m = *n;
+  m.nouts = 3;
+  if (training) {
+    outs[3] = n->outs[4];
+    outs[4] = n->outs[5];
+    m.nouts = 5;
+  }
+  m.outs = outs;
+  tp_val r[5] = {-1, -1, -1, -1, -1};
+  batch_norm(e, &m, r, 1, 2, 3, 4, training, lw_float(n, 5, 0.1), lw_float(n, 6, 1e-5));
+  for (int i = 0; i < 3; i++) o[i] = r[i];
+  o[3] = em_full(e, 0, OUT(3));
+  if (training) {
+    o[4] = r[3];
+    o[5] = r[4];
+  }
+}
+static void r_batch_norm_with_update(tp_emit *e, const tp_node *n, tp_val *o) { bn_update_like(e, n, o, 1); }
+static void r_batch_norm_no_update(tp_emit *e, const tp_node *n, tp_val *o) { bn_update_like(e, n, o, 0); }
 
 /* native_batch_norm_backward(grad_out, input, weight?, running_mean?, running_var?, save_mean?,
  * save_invstd?, train, eps, output_mask) -> (grad_input, grad_weight, grad_bias) */
@@ -1646,6 +1718,8 @@ const tp_lower_entry tp_lower_nn[] = {
     {"aten::_native_batch_norm_legit.no_stats", r_batch_norm_no_stats},
     {"aten::_native_batch_norm_legit_no_training", r_batch_norm_no_training},
     {"aten::native_batch_norm_backward", r_batch_norm_backward},
+    {"aten::_batch_norm_with_update", r_batch_norm_with_update},
+    {"aten::_batch_norm_no_update", r_batch_norm_no_update},
     {"aten::nll_loss_forward", r_nll_loss},
     {"aten::nll_loss2d_forward", r_nll_loss},
     {"aten::nll_loss_backward", r_nll_loss_backward},

@@ -679,3 +679,32 @@ def test_batch_norm_eval_stats_are_empty_like_cpu():
     wf = w.float()
     check(lambda x, w, rm, rv: aten._native_batch_norm_legit(x, w, w, rm, rv, True, 0.1, 1e-5),
           x, wf, wf.clone(), wf.abs() + 1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, BF16])
+@pytest.mark.parametrize("shape", [(7,), (40, 5), (300, 3), (2, 3, 9, 17)])
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_nll_loss_lowp_reductions_match_cpu(dtype, shape, weighted, reduction):
+    """PyTorch's CPU nll_loss sums f16/bf16 in the dtype with a cascade of
+    partial sums; the lowering replays it, so results match exactly (the
+    f32 sum rounded once differs on these sizes)."""
+    g = torch.Generator().manual_seed(len(shape) * 7 + shape[0])
+    C = shape[0] if len(shape) == 1 else shape[1]
+    x = (torch.randn(*shape, generator=g) * 4).to(dtype)
+    tshape = () if len(shape) == 1 else (shape[0],) + tuple(shape[2:])
+    t = torch.randint(0, C, tshape, generator=g)
+    if t.dim():
+        t.view(-1)[::5] = -100
+    w = (torch.rand(C, generator=g) + 0.3).to(dtype) if weighted else None
+    check(lambda x, t, w: F.nll_loss(x, t, weight=w, reduction=reduction), x, t, w, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, BF16])
+def test_mse_loss_lowp_rounds_like_cpu(dtype):
+    g = torch.Generator().manual_seed(5)
+    a, b = (torch.randn(3000, generator=g) * 30).to(dtype), (torch.randn(3000, generator=g) * 30).to(dtype)
+    expected = F.mse_loss(a, b, reduction="none")
+    assert ((a.float() - b.float()).square().to(dtype) != expected).any(), "sample too easy"
+    check(lambda a, b: F.mse_loss(a, b, reduction="none"), a, b, rtol=0, atol=0)
+    check(lambda a, b: F.mse_loss(a, b, reduction="sum"), a, b)

@@ -250,8 +250,9 @@ static void r_layer_norm_backward(tp_emit *e, const tp_node *n, tp_val *o) {
 
 /* ---- batch norm ------------------------------------------------------------------- */
 
-/* v (f32) rounded to dtype dt and back. */
+/* v (f32) rounded to dtype dt (f16/bf16; other dtypes: v itself) and back. */
 static tp_val rnd_to(tp_emit *e, tp_val v, tp_dtype dt) {
+  if (dt != TP_F16 && dt != TP_BF16) return v;
   tp_dtype from = em_type(e, v)->dt;
   return em_convert(e, em_convert(e, v, dt), from);
 }
@@ -516,6 +517,75 @@ static int nll_prepare(tp_emit *e, const tp_node *n, int xi, int ti, int wi, int
   return !em_failed(e);
 }
 
+/* Element j (a rank-0 value) of the rank-1 vector v. */
+static tp_val elem(tp_emit *e, tp_val v, int64_t j) {
+  int64_t st = j, li = j + 1;
+  return em_reshape(e, em_slice(e, v, &st, &li, NULL), 0, NULL);
+}
+
+/* PyTorch's CPU nll_loss reductions for f16/bf16 sum in the input dtype with
+ * a cascade of 8 partial sums (c10::Half/BFloat16 arithmetic: every add
+ * rounds): element i (in target order, ignored ones skipped) is subtracted
+ * from partial sum 0 (its weight added to weight sum 0); then, while the
+ * bits of i at level j (4 bits a level) are all 0, partial sum j is added
+ * into j + 1 and cleared.  The partial sums are then added up in order.
+ * This replays that loop exactly.  term, wt: f32 rank-1 (term already
+ * rounded), valid: bool rank-1.  *loss and *wsum are f32 rank-0 values of
+ * dtype dt. */
+static void nll_cascade(tp_emit *e, tp_val term, tp_val wt, tp_val valid, tp_dtype dt, tp_val *loss, tp_val *wsum) {
+  int64_t N = em_type(e, term)->dims[0];
+  int lp = 0;
+  while (lp < 62 && ((int64_t)1 << lp) < N) lp++; /* ceil(log2(N)) */
+  lp = lp / 8 > 4 ? lp / 8 : 4;
+  int64_t eight = 8;
+  tp_type vt = tp_type_make(TP_F32, 1, &eight);
+  tp_val vf = em_convert(e, em_convert(e, valid, TP_U8), TP_F32);
+  tp_val init[3] = {em_const_i(e, 0, TP_I64), em_full(e, 0, &vt), em_full(e, 0, &vt)};
+  tp_val a[3], b[3], next[3], out[3];
+  em_loop L;
+  if (em_while_begin(e, &L, init, 3, a)) return;
+  tp_val pred = em_compare(e, "LT", a[0], em_const_i(e, N, TP_I64));
+  if (em_while_body(e, &L, pred, b)) return;
+  tp_val i = b[0];
+  tp_val t = em_gather_flat(e, term, i), w = em_gather_flat(e, wt, i);
+  tp_val ok = em_compare(e, "NE", em_gather_flat(e, vf, i), em_const(e, 0, TP_F32));
+  tp_val ls[8], ws[8];
+  for (int j = 0; j < 8; j++) {
+    ls[j] = elem(e, b[1], j);
+    ws[j] = elem(e, b[2], j);
+  }
+  tp_val l0 = rnd_to(e, sub(e, ls[0], t), dt), w0 = rnd_to(e, add(e, ws[0], w), dt);
+  ls[0] = em_select(e, ok, l0, ls[0]);
+  ws[0] = em_select(e, ok, w0, ws[0]);
+  tp_val go = ok, zero = em_const(e, 0, TP_F32);
+  for (int j = 0; j + 1 < 8; j++) {
+    int64_t mask = lp * j < 62 ? ((((int64_t)1 << lp) - 1) << (lp * j)) : 0;
+    tp_val bits = em_binary(e, "stablehlo.and", i, em_const_i(e, mask, TP_I64));
+    go = em_binary(e, "stablehlo.and", go, em_compare(e, "EQ", bits, em_const_i(e, 0, TP_I64)));
+    ls[j + 1] = em_select(e, go, rnd_to(e, add(e, ls[j + 1], ls[j]), dt), ls[j + 1]);
+    ws[j + 1] = em_select(e, go, rnd_to(e, add(e, ws[j + 1], ws[j]), dt), ws[j + 1]);
+    ls[j] = em_select(e, go, zero, ls[j]);
+    ws[j] = em_select(e, go, zero, ws[j]);
+  }
+  int64_t one = 1;
+  tp_val lv[8], wv[8];
+  for (int j = 0; j < 8; j++) {
+    lv[j] = em_reshape(e, ls[j], 1, &one);
+    wv[j] = em_reshape(e, ws[j], 1, &one);
+  }
+  next[0] = em_binary(e, "stablehlo.add", i, em_const_i(e, 1, TP_I64));
+  next[1] = em_concat(e, lv, 8, 0);
+  next[2] = em_concat(e, wv, 8, 0);
+  if (em_while_end(e, &L, next, out)) return;
+  tp_val sl = em_const(e, 0, TP_F32), sw = em_const(e, 0, TP_F32);
+  for (int j = 0; j < 8; j++) {
+    sl = rnd_to(e, add(e, sl, elem(e, out[1], j)), dt);
+    sw = rnd_to(e, add(e, sw, elem(e, out[2], j)), dt);
+  }
+  *loss = sl;
+  *wsum = sw;
+}
+
 /* nll_loss_forward / nll_loss2d_forward(self, target, weight?, reduction, ignore_index)
  * -> (output, total_weight) */
 static void r_nll_loss(tp_emit *e, const tp_node *n, tp_val *o) {
@@ -533,8 +603,23 @@ static void r_nll_loss(tp_emit *e, const tp_node *n, tp_val *o) {
   int64_t all[TP_MAX_RANK];
   for (int i = 0; i < tr; i++) all[i] = i;
   tp_val tw = rsum(e, p.wt, all, tr);
+  tp_dtype xdt = lw_dtype(e, n, 0);
+  int64_t nt = numel_of(em_type(e, loss));
   if (red == 0) {
     o[0] = as_out(e, n, 0, loss);
+  } else if ((red == 1 || red == 2) && xdt != p.xt.dt && nt > 0) {
+    /* f16/bf16: PyTorch's order and roundings (nll_cascade); the weighted
+     * term is rounded before it is subtracted, the count of valid targets
+     * is rounded to the dtype. */
+    tp_val term = em_reshape(e, picked, 1, &nt), wt = em_reshape(e, p.wt, 1, &nt);
+    tp_val valid = em_reshape(e, p.valid, 1, &nt);
+    if (!lw_is_none(n, 2)) term = rnd_to(e, mul(e, term, wt), xdt);
+    tp_val s = -1, sw = -1;
+    nll_cascade(e, term, wt, valid, xdt, &s, &sw);
+    if (em_failed(e)) return;
+    if (lw_is_none(n, 2)) sw = rnd_to(e, tw, xdt);
+    tw = sw;
+    o[0] = as_out(e, n, 0, red == 1 ? rnd_to(e, dv(e, s, tw), xdt) : s);
   } else if (red == 1 || red == 2) {
     tp_val s = rsum(e, loss, all, tr);
     o[0] = as_out(e, n, 0, red == 1 ? dv(e, s, tw) : s);
@@ -598,8 +683,11 @@ static void r_mse_loss(tp_emit *e, const tp_node *n, tp_val *o) {
     return;
   }
   t.dt = ct;
-  tp_val d = sub(e, lw_operand(e, n, 0, &t), lw_operand(e, n, 1, &t));
-  tp_val sq = mul(e, d, d);
+  /* PyTorch's CPU kernel computes (a - b) * (a - b) per element in the
+   * tensor's dtype: f16/bf16 round the difference and the square. */
+  tp_dtype xdt = n->outs[0].dt;
+  tp_val d = rnd_to(e, sub(e, lw_operand(e, n, 0, &t), lw_operand(e, n, 1, &t)), xdt);
+  tp_val sq = rnd_to(e, mul(e, d, d), xdt);
   int64_t red = lw_int(n, 2, 1);
   if (red == 0) {
     o[0] = as_out(e, n, 0, sq);

@@ -210,14 +210,10 @@ static void r_pow(tp_emit *e, const tp_node *n, tp_val *o) {
   o[0] = finish(e, n, p);
 }
 
-/* x rounded to dtype `lowp` and back, or x itself when lowp is not f16/bf16:
- * PyTorch's CPU kernels for div's rounding modes compute f16/bf16 with
- * c10::Half/BFloat16 arithmetic, which rounds after every operation. */
-static tp_val rnd(tp_emit *e, tp_val x, tp_dtype lowp) {
-  if (lowp != TP_F16 && lowp != TP_BF16) return x;
-  tp_dtype from = em_type(e, x)->dt;
-  return em_convert(e, em_convert(e, x, lowp), from);
-}
+/* x rounded to the values of `lowp` when it is f16/bf16: PyTorch's CPU
+ * kernels for div's rounding modes compute f16/bf16 with c10::Half/BFloat16
+ * arithmetic, which rounds after every operation. */
+static tp_val rnd(tp_emit *e, tp_val x, tp_dtype lowp) { return em_round_to(e, x, lowp); }
 
 /* Python-style floor division of a by b, rounding each step to `lowp` (see
  * rnd). Integer division by zero raises in PyTorch; XLA gives -1. */

@@ -250,12 +250,8 @@ static void r_layer_norm_backward(tp_emit *e, const tp_node *n, tp_val *o) {
 
 /* ---- batch norm ------------------------------------------------------------------- */
 
-/* v (f32) rounded to dtype dt (f16/bf16; other dtypes: v itself) and back. */
-static tp_val rnd_to(tp_emit *e, tp_val v, tp_dtype dt) {
-  if (dt != TP_F16 && dt != TP_BF16) return v;
-  tp_dtype from = em_type(e, v)->dt;
-  return em_convert(e, em_convert(e, v, dt), from);
-}
+/* v rounded to the values of dt when dt is f16/bf16 (em_round_to). */
+static tp_val rnd_to(tp_emit *e, tp_val v, tp_dtype dt) { return em_round_to(e, v, dt); }
 
 /* Reduction dims of batch norm: all but dim 1. */
 static int bn_dims(int rank, int64_t *rd) {

@@ -17,6 +17,7 @@ extern const tp_lower_entry tp_lower_reduce[];
 extern const tp_lower_entry tp_lower_shape[];
 extern const tp_lower_entry tp_lower_nn[];
 extern const tp_lower_entry tp_lower_random[];
+extern const tp_lower_entry tp_lower_misc[];
 
 /* ---- argument access (bounds-checked; a missing arg reads as None) ---- */
 const tp_arg *lw_arg(const tp_node *n, int i);

@@ -1,0 +1,63 @@
+"""Ops of csrc/core/lower_misc.c (and scans, searching and distances) on
+"tpu" against PyTorch on the CPU, forward and gradients, with low-precision
+results required to match the CPU kernels' rounding exactly."""
+import pytest
+import torch
+
+from util import check
+
+LOWP = [torch.float16, torch.bfloat16]
+
+
+def rnd(*shape, dtype=torch.float32, scale=1.0, seed=0, grad=False):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(*shape, generator=g) * scale).to(dtype).requires_grad_(grad)
+
+
+@pytest.mark.parametrize("dtype", LOWP)
+@pytest.mark.parametrize("scale", [1e-3, 1.0, 300.0])
+def test_cross_lowp_rounds_like_cpu(dtype, scale):
+    # 1e-3: products are f16 subnormals; 300: f16 overflow to inf
+    a, b = rnd(400, 3, dtype=dtype, scale=scale), rnd(400, 3, dtype=dtype, scale=scale, seed=1)
+    check(lambda a, b: torch.linalg.cross(a, b), a, b, rtol=0, atol=0)
+    a, b = rnd(4, 3, 50, dtype=dtype, scale=scale), rnd(1, 3, 50, dtype=dtype, scale=scale, seed=1)
+    check(lambda a, b: torch.cross(a, b, dim=1), a, b, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64])
+def test_cross_broadcast_and_grad(dtype):
+    if dtype == torch.int64:
+        a, b = torch.randint(-9, 9, (2, 3, 4)), torch.randint(-9, 9, (1, 3, 1))
+        check(lambda a, b: torch.linalg.cross(a, b, dim=-2), a, b)
+        return
+    a, b = rnd(2, 5, 3, grad=True), rnd(1, 5, 3, seed=1, grad=True)
+    check(lambda a, b: torch.linalg.cross(a, b), a, b, grad=True)
+    with pytest.raises(RuntimeError):
+        torch.linalg.cross(rnd(2, 4).to("tpu"), rnd(2, 4).to("tpu"))
+
+
+@pytest.mark.parametrize("dtype", LOWP + [torch.float32])
+def test_addr_rounds_like_cpu(dtype):
+    m, v1, v2 = rnd(30, 40, dtype=dtype), rnd(30, dtype=dtype, seed=1), rnd(40, dtype=dtype, seed=2)
+    tol = dict(rtol=0, atol=0) if dtype != torch.float32 else {}
+    check(lambda m, a, b: torch.addr(m, a, b, beta=0.6, alpha=0.2), m, v1, v2, **tol)
+    check(lambda m, a, b: torch.addr(m, a, b), m[:1], v1, v2, **tol)  # broadcast self
+
+
+def test_addr_beta_zero_ignores_nan_and_grad():
+    m = torch.full((3, 4), float("nan"))
+    v1, v2 = rnd(3, seed=1), rnd(4, seed=2)
+    check(lambda m, a, b: torch.addr(m, a, b, beta=0, alpha=2), m, v1, v2)
+    check(lambda m, a, b: torch.addr(m, a, b, beta=0.5, alpha=-1.5), rnd(3, 4, grad=True), rnd(3, seed=1, grad=True),
+          rnd(4, seed=2, grad=True), grad=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.bool])
+def test_addr_int_bool(dtype):
+    if dtype == torch.bool:
+        m, a, b = torch.rand(3, 4) > 0.5, torch.rand(3) > 0.5, torch.rand(4) > 0.5
+        check(lambda m, a, b: torch.addr(m, a, b), m, a, b)
+        check(lambda m, a, b: torch.addr(m, a, b, beta=False), m, a, b)
+    else:
+        m, a, b = torch.randint(-5, 5, (3, 4)), torch.randint(-5, 5, (3,)), torch.randint(-5, 5, (4,))
+        check(lambda m, a, b: torch.addr(m, a, b, beta=2, alpha=3), m, a, b)

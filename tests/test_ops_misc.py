@@ -61,3 +61,40 @@ def test_addr_int_bool(dtype):
     else:
         m, a, b = torch.randint(-5, 5, (3, 4)), torch.randint(-5, 5, (3,)), torch.randint(-5, 5, (4,))
         check(lambda m, a, b: torch.addr(m, a, b, beta=2, alpha=3), m, a, b)
+
+
+# ---------------------------------------------------------------------------
+# cummax / cummin / logcumsumexp (lower_reduce.c scans)
+
+
+@pytest.mark.parametrize("fn", [torch.cummax, torch.cummin])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64, torch.int32, torch.uint8, torch.bool])
+def test_cummax_cummin_ties_and_long_dims(fn, dtype):
+    g = torch.Generator().manual_seed(2)
+    # few distinct values: many ties (the CPU takes the later index); 300 > 16*16 exercises the scan levels
+    x = torch.randint(0, 4, (3, 300), generator=g)
+    x = (x > 1) if dtype == torch.bool else x.to(dtype)
+    check(lambda x: fn(x, 1), x)
+    check(lambda x: fn(x, 0), x)
+    if dtype == torch.int64:
+        big = torch.tensor([torch.iinfo(torch.int64).min, 5, torch.iinfo(torch.int64).max, -3, torch.iinfo(torch.int64).max])
+        check(lambda x: fn(x, 0), big)
+
+
+@pytest.mark.parametrize("fn", [torch.cummax, torch.cummin])
+def test_cummax_cummin_nan_inf_grad(fn):
+    x = torch.tensor([[1.0, float("nan"), 3.0, float("nan"), -float("inf"), 2.0],
+                      [-0.0, 0.0, float("inf"), 1.0, float("inf"), -1.0]])
+    check(lambda x: fn(x, -1), x)
+    check(lambda x: fn(x, 1), rnd(4, 40, grad=True), grad=True)
+    check(lambda x: fn(x, 0), torch.tensor(2.5))
+    check(lambda x: fn(x, 0), torch.zeros(0, 3))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_logcumsumexp(dtype):
+    x = rnd(3, 70, dtype=dtype, scale=30)
+    check(lambda x: torch.logcumsumexp(x, 1), x)
+    x = torch.tensor([-float("inf"), -float("inf"), 0.0, float("inf"), 1.0, float("nan"), 2.0]).to(dtype)
+    check(lambda x: torch.logcumsumexp(x, 0), x)
+    check(lambda x: torch.logcumsumexp(x, 0), rnd(50, 3, grad=True), grad=True)

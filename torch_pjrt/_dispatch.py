@@ -124,6 +124,28 @@ _META_FIX = {
     "aten::_batch_norm_with_update": _bn_stats_fix(None),
 }
 
+def _contig(shape):
+    st, acc = [], 1
+    for d in reversed(shape):
+        st.append(acc)
+        acc *= max(d, 1)
+    return tuple(reversed(st))
+
+
+def _like_self(vals):
+    x = vals[0]
+    return (False, ((x.shape, _contig(x.shape), x.dtype),))
+
+
+# Output specs (multi, ((shape, stride, dtype) or None, ...)) of ops that have
+# no meta function in PyTorch: op name -> spec(argument values).
+_META_SPEC = {
+    # (self, values!, indices!, dim) -> (): the mutated arguments are the outputs
+    "aten::_cummax_helper": lambda vals: (True, ()),
+    "aten::_cummin_helper": lambda vals: (True, ()),
+    "aten::_logcumsumexp": _like_self,
+}
+
 # Ops that update arguments in place without saying so in their schema.
 _MUTATES = {"aten::native_batch_norm": (3, 4)}
 
@@ -347,6 +369,9 @@ class _Handler:
         return (device if device is not None else 0), enc, tuple(key)
 
     def _meta(self, args, kwargs):
+        spec = _META_SPEC.get(self.name)
+        if spec is not None:
+            return spec(self._values(args, kwargs, self.all_args))
         try:
             meta_out = self.op(*tree_map(_to_meta, args), **tree_map(_to_meta, kwargs))
         except RuntimeError as e:
@@ -449,6 +474,8 @@ class _Handler:
         refs = [_ref(o) for o in outs if o is not None]
         refs += [_ref(vals[i]) for i in self.mutated_idx if isinstance(vals[i], torch.Tensor)]
         _C.run(self.lowering, enc, None, tuple(refs))
+        if not outs:
+            return None  # "-> ()": only mutated arguments
         if multi:
             return tuple(outs)
         return outs[0]

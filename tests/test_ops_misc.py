@@ -98,3 +98,38 @@ def test_logcumsumexp(dtype):
     x = torch.tensor([-float("inf"), -float("inf"), 0.0, float("inf"), 1.0, float("nan"), 2.0]).to(dtype)
     check(lambda x: torch.logcumsumexp(x, 0), x)
     check(lambda x: torch.logcumsumexp(x, 0), rnd(50, 3, grad=True), grad=True)
+
+
+# ---------------------------------------------------------------------------
+# searchsorted / isin
+
+
+@pytest.mark.parametrize("right", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.bfloat16])
+def test_searchsorted(right, dtype):
+    g = torch.Generator().manual_seed(4)
+    seq = torch.sort(torch.randint(0, 20, (3, 37), generator=g), dim=-1).values.to(dtype)
+    vals = torch.randint(-2, 23, (3, 11), generator=g).to(dtype)
+    check(lambda s, v: torch.searchsorted(s, v, right=right), seq, vals)
+    check(lambda s, v: torch.searchsorted(s, v, side="right" if right else "left", out_int32=True), seq[0], vals)
+    check(lambda s: torch.searchsorted(s, 7, right=right), seq[1])  # Scalar overload
+    perm = torch.stack([torch.randperm(37, generator=g) for _ in range(3)])
+    shuffled = torch.gather(seq, 1, perm)
+    sorter = torch.argsort(shuffled, dim=1, stable=True)
+    check(lambda s, v, so: torch.searchsorted(s, v, right=right, sorter=so), shuffled, vals, sorter)
+
+
+def test_searchsorted_nan_and_empty():
+    seq = torch.tensor([1.0, 2.0, 2.0, float("nan")])
+    vals = torch.tensor([float("nan"), 2.0, 1.5, -float("inf"), float("inf")])
+    for right in (False, True):
+        check(lambda s, v: torch.searchsorted(s, v, right=right), seq, vals)
+    check(lambda s, v: torch.searchsorted(s, v), torch.zeros(0), vals)
+    check(lambda s, v: torch.searchsorted(s, v), seq, torch.zeros(0))
+
+
+def test_isin():
+    g = torch.Generator().manual_seed(5)
+    a, b = torch.randint(0, 30, (4, 9), generator=g), torch.randint(0, 30, (13,), generator=g)
+    check(lambda a, b: torch.isin(a, b), a, b)
+    check(lambda a, b: torch.isin(a, b, invert=True), a.float(), b.float())

@@ -100,7 +100,68 @@ static void r_linalg_cross(tp_emit *e, const tp_node *n, tp_val *o) {
   o[0] = em_convert(e, em_concat(e, out, 3, d), od);
 }
 
+/* ---- searchsorted ---------------------------------------------------------------- */
+
+/* searchsorted.Tensor / .Scalar(sorted_sequence, self, *, out_int32, right, side, sorter):
+ * PyTorch's CPU binary search, replayed step for step (so NaNs and unsorted
+ * input give its answers): start = 0, end = L; while start < end: mid =
+ * start + (end - start) / 2; go right when !(seq[mid] >= v) (left) or
+ * !(seq[mid] > v) (right).  ceil(log2(L + 1)) vectorised steps do it. */
+static void r_searchsorted(tp_emit *e, const tp_node *n, tp_val *o) {
+  tp_val seq0 = lw_value(e, n, 0);
+  tp_type st = *em_type(e, seq0);
+  tp_dtype vdt = lw_dtype(e, n, 1);
+  if (em_failed(e)) return;
+  if (tp_dtype_is_complex(st.dt) || tp_dtype_is_complex(vdt)) {
+    o[0] = em_fail(e, TP_UNIMPLEMENTED, "searchsorted: complex inputs are not supported");
+    return;
+  }
+  tp_dtype ct = lw_promote(st.dt, vdt);
+  if (ct == TP_BOOL) ct = TP_U8;
+  const char *side = lw_str(n, 4, NULL);
+  int right = side ? !strcmp(side, "right") : lw_bool(n, 3, 0);
+  int64_t L = st.rank ? st.dims[st.rank - 1] : 1;
+  int64_t rows = L ? tp_type_numel(&st) / L : 0;
+  tp_type qt = lw_out_as(n, 0, TP_I64); /* query positions: the output's shape */
+  int64_t Q = tp_type_numel(&qt);
+  if (Q == 0 || L == 0) {
+    o[0] = em_full(e, 0, OUT0);
+    return;
+  }
+  int64_t per_row = rows > 1 ? Q / rows : Q;
+  int64_t nseq = tp_type_numel(&st);
+  tp_val seq = em_reshape(e, em_convert(e, seq0, ct), 1, &nseq);
+  tp_val v = lw_tensor(e, n, 1, ct);
+  v = em_reshape(e, em_bcast_to(e, v, qt.rank, qt.dims), 1, &Q);
+  tp_val sorter = -1;
+  if (lw_arg(n, 5)->kind == TP_ARG_TENSOR) sorter = em_reshape(e, em_convert(e, lw_value(e, n, 5), TP_I64), 1, &nseq);
+  /* row offset of each query into the flattened sequence */
+  tp_type q1 = tp_type_make(TP_I64, 1, &Q);
+  tp_val base = em_full(e, 0, &q1);
+  if (rows > 1) {
+    int64_t d2[2] = {rows, per_row};
+    tp_type t2 = tp_type_make(TP_I64, 2, d2);
+    base = em_reshape(e, mul(e, em_iota(e, &t2, 0), em_full(e, (double)L, &t2)), 1, &Q);
+  }
+  tp_val start = em_full(e, 0, &q1), end = em_full(e, (double)L, &q1), one = em_full(e, 1, &q1);
+  int steps = 0;
+  while (((int64_t)1 << steps) <= L) steps++;
+  for (int i = 0; i < steps; i++) {
+    tp_val active = em_compare(e, "LT", start, end);
+    tp_val mid = add(e, start, em_binary(e, "stablehlo.shift_right_logical", sub(e, end, start), one));
+    tp_val at = add(e, base, em_clamp(e, em_const_i(e, 0, TP_I64), mid, em_const_i(e, L - 1, TP_I64)));
+    if (sorter >= 0) at = add(e, base, em_gather_flat(e, sorter, at));
+    tp_val mv = em_gather_flat(e, seq, at);
+    tp_val go_right = em_unary(e, "stablehlo.not", em_compare(e, right ? "GT" : "GE", mv, v));
+    start = em_select(e, em_binary(e, "stablehlo.and", active, go_right), add(e, mid, one), start);
+    end = em_select(e, em_binary(e, "stablehlo.and", active, em_unary(e, "stablehlo.not", go_right)), mid, end);
+  }
+  o[0] = em_convert(e, em_reshape(e, start, OUT0->rank, OUT0->dims), OUT0->dt);
+}
+
 const tp_lower_entry tp_lower_misc[] = {
+    {"aten::searchsorted.Tensor", r_searchsorted},
+    {"aten::searchsorted.Scalar", r_searchsorted},
     {"aten::addr", r_addr},
     {"aten::linalg_cross", r_linalg_cross},
     {NULL, NULL},

@@ -133,3 +133,35 @@ def test_isin():
     a, b = torch.randint(0, 30, (4, 9), generator=g), torch.randint(0, 30, (13,), generator=g)
     check(lambda a, b: torch.isin(a, b), a, b)
     check(lambda a, b: torch.isin(a, b, invert=True), a.float(), b.float())
+
+
+# ---------------------------------------------------------------------------
+# cdist / pdist
+
+
+@pytest.mark.parametrize("p", [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, float("inf")])
+def test_cdist_forward_backward(p):
+    a, b = rnd(2, 6, 4, grad=True), rnd(2, 5, 4, seed=1, grad=True)
+    check(lambda a, b: torch.cdist(a, b, p=p, compute_mode="donot_use_mm_for_euclid_dist"), a, b, grad=True,
+          rtol=1e-4, atol=1e-5)
+    # equal rows: distance 0, gradient 0 (not NaN)
+    a2 = torch.cat([b[:, :2].detach(), a[:, 2:].detach()], 1).requires_grad_()
+    check(lambda a, b: torch.cdist(a, b, p=p), a2, b.detach().requires_grad_(), grad=True, rtol=1e-4, atol=1e-5)
+
+
+def test_cdist_mm_and_broadcast():
+    a, b = rnd(30, 3, grad=True), rnd(1, 40, 3, seed=1, grad=True)
+    check(lambda a, b: torch.cdist(a, b), a, b, grad=True, rtol=1e-4, atol=1e-4)
+    check(lambda a, b: torch.cdist(a, b, compute_mode="use_mm_for_euclid_dist"), rnd(2, 4, 3), rnd(2, 5, 3, seed=1),
+          rtol=1e-4, atol=1e-4)
+    check(lambda a, b: torch.cdist(a, b, p=1.0), rnd(3, 1, 4, 2, grad=True), rnd(1, 2, 5, 2, seed=1, grad=True),
+          grad=True)
+    check(lambda a, b: torch.cdist(a, b), torch.zeros(0, 4, 5), rnd(3, 5))
+
+
+@pytest.mark.parametrize("p", [0.0, 1.0, 2.0, 2.5, float("inf")])
+def test_pdist(p):
+    x = rnd(37, 3, grad=True)
+    check(lambda x: torch.nn.functional.pdist(x, p=p), x, grad=True, rtol=1e-4, atol=1e-5)
+    check(lambda x: torch.nn.functional.pdist(x, p=p), rnd(1, 3))
+    check(lambda x: torch.nn.functional.pdist(x, p=p), rnd(2, 1, grad=True), grad=True)

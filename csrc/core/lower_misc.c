@@ -159,7 +159,277 @@ static void r_searchsorted(tp_emit *e, const tp_node *n, tp_val *o) {
   o[0] = em_convert(e, em_reshape(e, start, OUT0->rank, OUT0->dims), OUT0->dt);
 }
 
+/* ---- distances -------------------------------------------------------------------- */
+
+/* The p-norm of d over its last dim, as PyTorch's distance kernels compute
+ * it: p = 0 counts nonzeros, 1 sums |d|, 2 is sqrt(sum d^2), inf the max
+ * |d|, else (sum |d|^p)^(1/p). */
+static tp_val pnorm_last(tp_emit *e, tp_val d, double p) {
+  tp_type t = *em_type(e, d);
+  int64_t last = t.rank - 1;
+  tp_val a = em_unary(e, "stablehlo.abs", d);
+  tp_val zero = em_const(e, 0, t.dt);
+  if (p == 0) {
+    tp_val nz = em_convert(e, em_convert(e, em_compare(e, "NE", d, em_full(e, 0, &t)), TP_U8), t.dt);
+    return em_reduce(e, nz, zero, &last, 1, "stablehlo.add");
+  }
+  if (p == 1) return em_reduce(e, a, zero, &last, 1, "stablehlo.add");
+  if (p == 2) return em_unary(e, "stablehlo.sqrt", em_reduce(e, mul(e, d, d), zero, &last, 1, "stablehlo.add"));
+  if (isinf(p)) {
+    /* NaN-propagating max of |d| (XLA's maximum may drop a NaN) */
+    tp_val m = em_reduce(e, a, zero, &last, 1, "stablehlo.maximum");
+    tp_val nan = em_reduce(e, em_convert(e, em_compare(e, "NE", d, d), TP_U8), em_const(e, 0, TP_U8), &last, 1,
+                           "stablehlo.maximum");
+    tp_type mt = *em_type(e, m);
+    return em_select(e, em_compare(e, "NE", nan, em_full(e, 0, em_type(e, nan))), em_full(e, NAN, &mt), m);
+  }
+  tp_val s = em_reduce(e, em_binary(e, "stablehlo.power", a, em_full(e, p, &t)), zero, &last, 1, "stablehlo.add");
+  tp_type st = *em_type(e, s);
+  return em_binary(e, "stablehlo.power", s, em_full(e, 1.0 / p, &st));
+}
+
+static int dist_p_ok(tp_emit *e, const char *op, double p, tp_dtype dt) {
+  if (p < 0 || isnan(p)) {
+    em_fail(e, TP_INVALID_ARGUMENT, "%s only supports non-negative p values", op);
+    return 0;
+  }
+  if (!tp_dtype_is_float(dt)) {
+    em_fail(e, TP_INVALID_ARGUMENT, "%s only supports floating-point dtypes, X1 got: %s", op, tp_dtype_name(dt));
+    return 0;
+  }
+  return 1;
+}
+
+/* _cdist_forward(x1 (B.., P, M), x2 (B.., R, M), p, compute_mode) -> (B.., P, R).
+ * p = 2 with compute_mode 1, or None/0 when P or R > 25, uses PyTorch's
+ * matmul form sqrt(clamp_min(|a|^2 - 2 a.b + |b|^2, 0)) like the CPU
+ * kernel; everything else the direct differences. */
+static void r_cdist(tp_emit *e, const tp_node *n, tp_val *o) {
+  tp_type ot = *OUT0;
+  double p = lw_float(n, 2, 2.0);
+  if (!dist_p_ok(e, "cdist", p, ot.dt)) return;
+  int r = ot.rank;
+  if (r < 2) {
+    o[0] = em_fail(e, TP_INVALID_ARGUMENT, "cdist only supports at least 2D tensors");
+    return;
+  }
+  tp_dtype ct = lw_opmath(ot.dt);
+  tp_val x1 = lw_tensor(e, n, 0, ct), x2 = lw_tensor(e, n, 1, ct);
+  tp_type t1 = *em_type(e, x1);
+  int64_t P = ot.dims[r - 2], R = ot.dims[r - 1], M = t1.dims[t1.rank - 1];
+  /* broadcast batch dims: x1 -> (B.., P, M), x2 -> (B.., R, M) */
+  int64_t d1[TP_MAX_RANK], d2[TP_MAX_RANK];
+  for (int i = 0; i < r - 2; i++) d1[i] = d2[i] = ot.dims[i];
+  d1[r - 2] = P;
+  d2[r - 2] = R;
+  d1[r - 1] = d2[r - 1] = M;
+  x1 = em_bcast_to(e, x1, r, d1);
+  x2 = em_bcast_to(e, x2, r, d2);
+  int64_t mode = lw_is_none(n, 3) ? 0 : lw_int(n, 3, 0);
+  tp_type rt = lw_out_as(n, 0, ct);
+  if (P * R == 0) {
+    o[0] = em_full(e, 0, OUT0);
+    return;
+  }
+  if (M == 0) {
+    o[0] = em_full(e, 0, OUT0);
+    return;
+  }
+  if (p == 2 && (mode == 1 || (mode == 0 && (P > 25 || R > 25)))) {
+    int64_t last = r - 1;
+    int64_t batch[TP_MAX_RANK];
+    for (int i = 0; i < r - 2; i++) batch[i] = i;
+    tp_val n1 = em_reduce(e, mul(e, x1, x1), em_const(e, 0, ct), &last, 1, "stablehlo.add"); /* (B.., P) */
+    tp_val n2 = em_reduce(e, mul(e, x2, x2), em_const(e, 0, ct), &last, 1, "stablehlo.add"); /* (B.., R) */
+    int64_t lc = r - 1, rc = r - 1;
+    tp_val dot = em_dot(e, x1, x2, batch, batch, r - 2, &lc, &rc, 1, ct); /* (B.., P, R) */
+    int64_t m1[TP_MAX_RANK], m2[TP_MAX_RANK];
+    for (int i = 0; i < r - 1; i++) m1[i] = m2[i] = i;
+    m2[r - 2] = r - 1;
+    tp_val sq = add(e, sub(e, em_bcast_in_dim(e, n1, &rt, m1), mul(e, em_full(e, 2, &rt), dot)),
+                    em_bcast_in_dim(e, n2, &rt, m2));
+    sq = em_select(e, em_compare(e, "LT", sq, em_full(e, 0, &rt)), em_full(e, 0, &rt), sq);
+    o[0] = em_convert(e, em_unary(e, "stablehlo.sqrt", sq), ot.dt);
+    return;
+  }
+  /* (B.., P, 1, M) - (B.., 1, R, M) */
+  tp_type dt4 = tp_type_make(ct, r + 1, ot.dims);
+  dt4.dims[r] = M;
+  int64_t a1[TP_MAX_RANK + 1], a2[TP_MAX_RANK + 1];
+  for (int i = 0; i < r - 2; i++) a1[i] = a2[i] = i;
+  a1[r - 2] = r - 2;
+  a1[r - 1] = r;
+  a2[r - 2] = r - 1;
+  a2[r - 1] = r;
+  tp_val diff = sub(e, em_bcast_in_dim(e, x1, &dt4, a1), em_bcast_in_dim(e, x2, &dt4, a2));
+  o[0] = em_convert(e, pnorm_last(e, diff, p), ot.dt);
+}
+
+/* The gradient of one |diff|_p term w.r.t. diff, as PyTorch's CPU distance
+ * backward kernels write it (dist: the forward distance, g: its gradient;
+ * all shaped like diff). */
+static tp_val dist_grad(tp_emit *e, tp_val diff, tp_val dist, tp_val g, double p) {
+  tp_type t = *em_type(e, diff);
+  tp_val zero = em_full(e, 0, &t);
+  tp_val sgn = em_unary(e, "stablehlo.sign", diff), a = em_unary(e, "stablehlo.abs", diff);
+  tp_val dz = em_compare(e, "EQ", dist, zero);
+  if (p == 0) return zero;
+  if (p == 1) return mul(e, g, sgn);
+  if (isinf(p)) return mul(e, mul(e, g, sgn), em_convert(e, em_convert(e, em_compare(e, "EQ", a, dist), TP_U8), t.dt));
+  if (p == 2) return em_select(e, dz, zero, em_binary(e, "stablehlo.divide", mul(e, g, diff), dist));
+  tp_val pm1 = em_full(e, p - 1, &t);
+  tp_val den = em_binary(e, "stablehlo.power", dist, pm1);
+  if (p < 2) {
+    tp_val r = em_binary(e, "stablehlo.divide", mul(e, mul(e, sgn, em_binary(e, "stablehlo.power", a, pm1)), g), den);
+    tp_val z = dz;
+    if (p < 1) z = em_binary(e, "stablehlo.or", z, em_compare(e, "EQ", diff, zero));
+    return em_select(e, z, zero, r);
+  }
+  tp_val r = em_binary(e, "stablehlo.divide",
+                       mul(e, mul(e, diff, em_binary(e, "stablehlo.power", a, em_full(e, p - 2, &t))), g), den);
+  return em_select(e, dz, zero, r);
+}
+
+/* _cdist_backward(grad (B.., P, R), x1, x2, p, cdist) -> grad_x1 (B.., P, M):
+ * the sum over R of dist_grad (x2 broadcast like the forward). */
+static void r_cdist_backward(tp_emit *e, const tp_node *n, tp_val *o) {
+  double p = lw_float(n, 3, 2.0);
+  tp_type ot = *OUT0;
+  tp_dtype ct = lw_opmath(ot.dt);
+  tp_val g = lw_tensor(e, n, 0, ct), dist = lw_tensor(e, n, 4, ct);
+  tp_type gt = *em_type(e, g);
+  int r = gt.rank;
+  if (r < 2 || ot.rank < 2 || ot.rank > r) {
+    o[0] = em_fail(e, TP_INVALID_ARGUMENT, "_cdist_backward: unexpected ranks");
+    return;
+  }
+  int64_t M = ot.dims[ot.rank - 1];
+  if (tp_type_numel(&gt) == 0 || M == 0) {
+    o[0] = em_full(e, 0, OUT0);
+    return;
+  }
+  /* x1, x2 broadcast to the output's batch dims: (B.., P, M), (B.., R, M) */
+  int64_t d1[TP_MAX_RANK], d2[TP_MAX_RANK];
+  for (int i = 0; i < r; i++) d1[i] = d2[i] = gt.dims[i];
+  d1[r - 1] = d2[r - 1] = M;
+  d2[r - 2] = gt.dims[r - 1];
+  tp_val x1 = em_bcast_to(e, lw_tensor(e, n, 1, ct), r, d1), x2 = em_bcast_to(e, lw_tensor(e, n, 2, ct), r, d2);
+  tp_type dt4 = tp_type_make(ct, r + 1, gt.dims);
+  dt4.dims[r] = M;
+  int64_t a1[TP_MAX_RANK + 1], a2[TP_MAX_RANK + 1], ag[TP_MAX_RANK + 1];
+  for (int i = 0; i < r - 2; i++) a1[i] = a2[i] = i;
+  a1[r - 2] = r - 2;
+  a1[r - 1] = r;
+  a2[r - 2] = r - 1;
+  a2[r - 1] = r;
+  for (int i = 0; i < r; i++) ag[i] = i;
+  tp_val diff = sub(e, em_bcast_in_dim(e, x1, &dt4, a1), em_bcast_in_dim(e, x2, &dt4, a2));
+  tp_val gd = dist_grad(e, diff, em_bcast_in_dim(e, dist, &dt4, ag), em_bcast_in_dim(e, g, &dt4, ag), p);
+  int64_t rdim = r - 1;
+  tp_val gx = em_reduce(e, gd, em_const(e, 0, ct), &rdim, 1, "stablehlo.add"); /* (B.., P, M) */
+  /* sum the batch dims x1 was broadcast along */
+  int64_t red[TP_MAX_RANK];
+  int nred = 0, lead = r - ot.rank;
+  for (int i = 0; i < r - 2; i++)
+    if (i < lead || (ot.dims[i - lead] == 1 && d1[i] != 1)) red[nred++] = i;
+  if (nred) gx = em_reduce(e, gx, em_const(e, 0, ct), red, nred, "stablehlo.add");
+  o[0] = em_convert(e, em_reshape(e, gx, ot.rank, ot.dims), ot.dt);
+}
+
+/* Rows i < j of pair k (0 <= k < K) of N rows, in row-major order: a binary
+ * search over off(i) = i N - i (i + 1) / 2 (exact integers) finds i, then
+ * j = k - off(i) + i + 1.  *pi, *pj: i64 (K). */
+static void pdist_pairs(tp_emit *e, int64_t N, int64_t K, tp_val *pi, tp_val *pj) {
+  tp_type kt = tp_type_make(TP_I64, 1, &K);
+  tp_val k = em_iota(e, &kt, 0);
+  tp_val lo = em_full(e, 0, &kt), hi = em_full(e, (double)(N - 2), &kt), one = em_full(e, 1, &kt);
+  tp_val nn = em_full(e, (double)N, &kt), two = em_full(e, 2, &kt);
+#define OFF(i) sub(e, mul(e, i, nn), em_binary(e, "stablehlo.divide", mul(e, i, add(e, i, one)), two))
+  /* largest i in [lo, hi] with off(i) <= k */
+  int steps = 0;
+  while (((int64_t)1 << steps) <= N) steps++;
+  for (int s2 = 0; s2 < steps; s2++) {
+    tp_val mid = em_binary(e, "stablehlo.shift_right_logical", add(e, add(e, lo, hi), one), one);
+    tp_val ok = em_compare(e, "LE", OFF(mid), k);
+    tp_val act = em_compare(e, "LT", lo, hi);
+    lo = em_select(e, em_binary(e, "stablehlo.and", act, ok), mid, lo);
+    hi = em_select(e, em_binary(e, "stablehlo.and", act, em_unary(e, "stablehlo.not", ok)), sub(e, mid, one), hi);
+  }
+  *pi = lo;
+  *pj = add(e, add(e, sub(e, k, OFF(lo)), lo), one);
+#undef OFF
+}
+
+/* Flat element indices (K, M) of rows idx (K) of an (N, M) matrix. */
+static tp_val row_elems(tp_emit *e, tp_val idx, int64_t K, int64_t M) {
+  int64_t km[2] = {K, M}, m0 = 0;
+  tp_type kmt = tp_type_make(TP_I64, 2, km);
+  return add(e, mul(e, em_bcast_in_dim(e, idx, &kmt, &m0), em_full(e, (double)M, &kmt)), em_iota(e, &kmt, 1));
+}
+
+/* _pdist_forward(self (N, M), p) -> (N(N-1)/2): distances of rows i < j in
+ * row-major order (pdist_pairs). */
+static void r_pdist(tp_emit *e, const tp_node *n, tp_val *o) {
+  double p = lw_float(n, 1, 2.0);
+  tp_dtype od = OUT0->dt;
+  if (!dist_p_ok(e, "pdist", p, od)) return;
+  tp_dtype ct = lw_opmath(od);
+  tp_val x = lw_tensor(e, n, 0, ct);
+  tp_type xt = *em_type(e, x);
+  if (xt.rank != 2) {
+    o[0] = em_fail(e, TP_INVALID_ARGUMENT, "pdist only supports 2D tensors, got: %dD", xt.rank);
+    return;
+  }
+  int64_t N = xt.dims[0], M = xt.dims[1], K = OUT0->dims[0];
+  if (K == 0 || M == 0) {
+    o[0] = em_full(e, 0, OUT0);
+    return;
+  }
+  tp_val i, j;
+  pdist_pairs(e, N, K, &i, &j);
+  int64_t nm = N * M;
+  tp_val flat = em_reshape(e, x, 1, &nm);
+  tp_val diff = sub(e, em_gather_flat(e, flat, row_elems(e, i, K, M)), em_gather_flat(e, flat, row_elems(e, j, K, M)));
+  o[0] = em_convert(e, pnorm_last(e, diff, p), od);
+}
+
+/* _pdist_backward(grad (K), self (N, M), p, pdist (K)) -> (N, M): each pair's
+ * dist_grad added to row i and subtracted from row j. */
+static void r_pdist_backward(tp_emit *e, const tp_node *n, tp_val *o) {
+  double p = lw_float(n, 2, 2.0);
+  tp_dtype od = OUT0->dt, ct = lw_opmath(od);
+  tp_val x = lw_tensor(e, n, 1, ct);
+  tp_type xt = *em_type(e, x);
+  if (xt.rank != 2) {
+    o[0] = em_fail(e, TP_INVALID_ARGUMENT, "_pdist_backward: expected a 2D input");
+    return;
+  }
+  int64_t N = xt.dims[0], M = xt.dims[1], K = N * (N - 1) / 2;
+  if (K <= 0 || M == 0) {
+    o[0] = em_full(e, 0, OUT0);
+    return;
+  }
+  tp_val i, j;
+  pdist_pairs(e, N, K, &i, &j);
+  int64_t nm = N * M, km[2] = {K, M}, m0 = 0;
+  tp_type kmt = tp_type_make(ct, 2, km);
+  tp_val flat = em_reshape(e, x, 1, &nm);
+  tp_val ei = row_elems(e, i, K, M), ej = row_elems(e, j, K, M);
+  tp_val diff = sub(e, em_gather_flat(e, flat, ei), em_gather_flat(e, flat, ej));
+  tp_val g = em_bcast_in_dim(e, lw_tensor(e, n, 0, ct), &kmt, &m0);
+  tp_val dist = em_bcast_in_dim(e, lw_tensor(e, n, 3, ct), &kmt, &m0);
+  tp_val gd = dist_grad(e, diff, dist, g, p);
+  tp_type ft = tp_type_make(ct, 1, &nm);
+  tp_val acc = em_scatter_flat(e, em_full(e, 0, &ft), ei, gd, "stablehlo.add");
+  acc = em_scatter_flat(e, acc, ej, em_unary(e, "stablehlo.negate", gd), "stablehlo.add");
+  o[0] = em_convert(e, em_reshape(e, acc, 2, xt.dims), od);
+}
+
 const tp_lower_entry tp_lower_misc[] = {
+    {"aten::_cdist_forward", r_cdist},
+    {"aten::_cdist_backward", r_cdist_backward},
+    {"aten::_pdist_forward", r_pdist},
+    {"aten::_pdist_backward", r_pdist_backward},
     {"aten::searchsorted.Tensor", r_searchsorted},
     {"aten::searchsorted.Scalar", r_searchsorted},
     {"aten::addr", r_addr},

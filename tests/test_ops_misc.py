@@ -165,3 +165,16 @@ def test_pdist(p):
     check(lambda x: torch.nn.functional.pdist(x, p=p), x, grad=True, rtol=1e-4, atol=1e-5)
     check(lambda x: torch.nn.functional.pdist(x, p=p), rnd(1, 3))
     check(lambda x: torch.nn.functional.pdist(x, p=p), rnd(2, 1, grad=True), grad=True)
+
+
+@pytest.mark.parametrize("norm_type", [1.0, 2.0, 3.0, float("inf")])
+def test_embedding_max_norm_renormalises_used_rows_in_place(norm_type):
+    w = rnd(10, 4, scale=2)
+    idx = torch.tensor([[1, 3, 3], [7, 1, 0]])
+    wc, wt = w.clone(), w.clone().to("tpu")
+    out_c = torch.nn.functional.embedding(idx, wc, max_norm=1.5, norm_type=norm_type)
+    out_t = torch.nn.functional.embedding(idx.to("tpu"), wt, max_norm=1.5, norm_type=norm_type)
+    torch.testing.assert_close(out_t.cpu(), out_c, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(wt.cpu(), wc, rtol=1e-6, atol=1e-6)  # the weight is updated in place
+    assert not torch.equal(wc, w)  # rows were renormalised
+    torch.testing.assert_close(wt.cpu()[[2, 4, 5, 6, 8, 9]], w[[2, 4, 5, 6, 8, 9]], rtol=0, atol=0)

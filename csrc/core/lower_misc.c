@@ -425,7 +425,51 @@ static void r_pdist_backward(tp_emit *e, const tp_node *n, tp_val *o) {
   o[0] = em_convert(e, em_reshape(e, acc, 2, xt.dims), od);
 }
 
+/* ---- embeddings ---------------------------------------------------------------------- */
+
+/* embedding_renorm_(self!, indices, max_norm, norm_type) -> self: each row
+ * of self named in indices whose norm_type-norm (in self's dtype) exceeds
+ * max_norm is scaled by max_norm / (norm + 1e-7), the factor computed in
+ * double as PyTorch's CPU kernel does. */
+static void r_embedding_renorm(tp_emit *e, const tp_node *n, tp_val *o) {
+  tp_val w0 = lw_value(e, n, 0);
+  tp_type wt = *em_type(e, w0);
+  if (wt.rank != 2 || !tp_dtype_is_float(wt.dt)) {
+    o[0] = em_fail(e, TP_INVALID_ARGUMENT, "embedding_renorm_: expected a 2-D floating-point weight");
+    return;
+  }
+  double max_norm = lw_float(n, 2, 1.0), p = lw_float(n, 3, 2.0);
+  int64_t N = wt.dims[0], M = wt.dims[1];
+  tp_val idx = lw_value(e, n, 1);
+  tp_type it = *em_type(e, idx);
+  int64_t ni = tp_type_numel(&it);
+  if (N == 0 || M == 0 || ni == 0) {
+    o[0] = w0;
+    return;
+  }
+  tp_dtype ct = lw_opmath(wt.dt);
+  tp_val w = em_convert(e, w0, ct);
+  tp_val nrm = pnorm_last(e, w, p); /* (N) */
+  if (ct != wt.dt) nrm = em_round_to(e, nrm, wt.dt);
+  tp_type nt = tp_type_make(TP_U8, 1, &N);
+  tp_val used = em_scatter_flat(e, em_full(e, 0, &nt), em_reshape(e, em_convert(e, idx, TP_I64), 1, &ni),
+                                em_full(e, 1, &(tp_type){TP_U8, 1, {ni}}), "stablehlo.maximum");
+  tp_val nd = em_convert(e, nrm, TP_F64);
+  tp_type n64 = *em_type(e, nd);
+  tp_val scale = em_binary(e, "stablehlo.divide", em_full(e, max_norm, &n64), add(e, nd, em_full(e, 1e-7, &n64)));
+  tp_val hit = em_binary(e, "stablehlo.and", em_compare(e, "NE", used, em_full(e, 0, &nt)),
+                         em_compare(e, "GT", nd, em_full(e, max_norm, &n64)));
+  tp_val f = em_select(e, hit, em_convert(e, scale, ct), em_full(e, 1, em_type(e, nrm)));
+  int64_t m0 = 0;
+  tp_type wct = wt;
+  wct.dt = ct;
+  tp_val y = mul(e, w, em_bcast_in_dim(e, f, &wct, &m0));
+  o[0] = em_convert(e, em_select(e, em_bcast_in_dim(e, hit, &(tp_type){TP_BOOL, 2, {N, M}}, &m0), y, w), wt.dt);
+}
+
 const tp_lower_entry tp_lower_misc[] = {
+    {"aten::embedding_renorm_", r_embedding_renorm},
+    {"aten::embedding_renorm", r_embedding_renorm},
     {"aten::_cdist_forward", r_cdist},
     {"aten::_cdist_backward", r_cdist_backward},
     {"aten::_pdist_forward", r_pdist},

@@ -178,3 +178,10 @@ def test_embedding_max_norm_renormalises_used_rows_in_place(norm_type):
     torch.testing.assert_close(wt.cpu(), wc, rtol=1e-6, atol=1e-6)  # the weight is updated in place
     assert not torch.equal(wc, w)  # rows were renormalised
     torch.testing.assert_close(wt.cpu()[[2, 4, 5, 6, 8, 9]], w[[2, 4, 5, 6, 8, 9]], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("pad", [(2, 3), (0, 4, 1, 2), (3, 0, 2, 1, 1, 1), (-1, 2)])
+def test_replication_pad_backward(pad):
+    nd = len(pad) // 2
+    x = rnd(*((2, 3) + (4,) * nd), grad=True)
+    check(lambda x: torch.nn.functional.pad(x, pad, mode="replicate"), x, grad=True)

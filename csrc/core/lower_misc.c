@@ -467,7 +467,55 @@ static void r_embedding_renorm(tp_emit *e, const tp_node *n, tp_val *o) {
   o[0] = em_convert(e, em_select(e, em_bcast_in_dim(e, hit, &(tp_type){TP_BOOL, 2, {N, M}}, &m0), y, w), wt.dt);
 }
 
+/* ---- replication padding backward --------------------------------------------------- */
+
+/* g summed along `dim` into `in` positions: output position q reads input
+ * clamp(q - left, 0, in - 1), so grad_in = A g with A[i][q] = (that == i),
+ * a 0/1 matrix contracted with dot_general. */
+static tp_val fold_dim(tp_emit *e, tp_val g, int dim, int64_t in, int64_t left) {
+  tp_type t = *em_type(e, g);
+  int r = t.rank;
+  int64_t q = t.dims[dim];
+  int64_t ad[2] = {in, q};
+  tp_type at = tp_type_make(TP_I64, 2, ad);
+  tp_val src = sub(e, em_iota(e, &at, 1), em_full(e, (double)left, &at));
+  src = em_clamp(e, em_const_i(e, 0, TP_I64), src, em_const_i(e, in - 1, TP_I64));
+  tp_val a = em_convert(e, em_convert(e, em_compare(e, "EQ", src, em_iota(e, &at, 0)), TP_U8), t.dt);
+  /* dot(g, A) contracting g's dim with A's dim 1: result (g dims without dim..., in) */
+  int64_t lc = dim, rc = 1;
+  tp_val y = em_dot(e, g, a, NULL, NULL, 0, &lc, &rc, 1, t.dt);
+  int64_t perm[TP_MAX_RANK];
+  for (int i = 0, k = 0; i < r; i++) perm[i] = i == dim ? r - 1 : k++;
+  return em_transpose(e, y, perm);
+}
+
+/* replication_pad{1,2,3}d_backward(grad_output, self, padding) -> grad_input */
+static void r_replication_pad_bw(tp_emit *e, const tp_node *n, tp_val *o) {
+  const int64_t *pad;
+  int np = lw_ints(n, 2, &pad);
+  tp_type ot = *OUT0;
+  int k = np / 2;
+  if (np % 2 || k > ot.rank) {
+    o[0] = em_fail(e, TP_INVALID_ARGUMENT, "%s: bad padding", n->op);
+    return;
+  }
+  tp_dtype ct = lw_opmath(ot.dt);
+  tp_val g = lw_tensor(e, n, 0, ct);
+  if (tp_type_numel(&ot) == 0) {
+    o[0] = em_full(e, 0, OUT0);
+    return;
+  }
+  for (int j = 0; j < k; j++) {
+    int dim = ot.rank - 1 - j;
+    g = fold_dim(e, g, dim, ot.dims[dim], pad[2 * j]);
+  }
+  o[0] = em_convert(e, g, ot.dt);
+}
+
 const tp_lower_entry tp_lower_misc[] = {
+    {"aten::replication_pad1d_backward", r_replication_pad_bw},
+    {"aten::replication_pad2d_backward", r_replication_pad_bw},
+    {"aten::replication_pad3d_backward", r_replication_pad_bw},
     {"aten::embedding_renorm_", r_embedding_renorm},
     {"aten::embedding_renorm", r_embedding_renorm},
     {"aten::_cdist_forward", r_cdist},

@@ -185,3 +185,13 @@ def test_replication_pad_backward(pad):
     nd = len(pad) // 2
     x = rnd(*((2, 3) + (4,) * nd), grad=True)
     check(lambda x: torch.nn.functional.pad(x, pad, mode="replicate"), x, grad=True)
+
+
+@pytest.mark.parametrize("size", [0, 3, 7, 40])
+def test_nonzero_static(size):
+    x = torch.tensor([[0.0, 1.5, 0.0, float("nan")], [-0.0, 0.0, 2.0, -1.0], [0.0, 0.0, 0.0, 3.0]])
+    check(lambda x: torch.nonzero_static(x, size=size), x)
+    check(lambda x: torch.nonzero_static(x, size=size, fill_value=-7), x > 0)
+    check(lambda x: torch.nonzero_static(x, size=size), torch.randint(0, 2, (2, 3, 5)))
+    check(lambda x: torch.nonzero_static(x, size=size), torch.zeros(0, 3))
+    check(lambda x: torch.nonzero_static(x, size=size), torch.tensor(2.0))

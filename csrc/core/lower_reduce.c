@@ -675,6 +675,52 @@ static void cum_maxmin(tp_emit *e, const tp_node *n, tp_val *o, int is_max) {
 static void r_cummax_helper(tp_emit *e, const tp_node *n, tp_val *o) { cum_maxmin(e, n, o, 1); }
 static void r_cummin_helper(tp_emit *e, const tp_node *n, tp_val *o) { cum_maxmin(e, n, o, 0); }
 
+/* nonzero_static(self, *, size, fill_value=-1) -> (size, ndim) int64: the
+ * first `size` nonzero positions in row-major order (an exclusive cumsum
+ * gives each its row), the remaining rows fill_value. */
+static void r_nonzero_static(tp_emit *e, const tp_node *n, tp_val *o) {
+  tp_val x = lw_value(e, n, 0);
+  tp_type xt = *em_type(e, x), ot = n->outs[0];
+  if (tp_dtype_is_complex(xt.dt)) {
+    o[0] = em_fail(e, TP_UNIMPLEMENTED, "nonzero_static: complex inputs are not supported on tpu yet");
+    return;
+  }
+  int64_t fill = lw_int(n, 2, -1), N = tp_type_numel(&xt);
+  int nd = xt.rank;
+  if (ot.rank != 2 || tp_type_numel(&ot) == 0 || N == 0) {
+    /* nothing to find (or nothing to write): every row is fill_value */
+    o[0] = em_convert(e, em_bcast_to(e, em_const_i(e, fill, TP_I64), ot.rank, ot.dims), ot.dt);
+    return;
+  }
+  int64_t size = ot.dims[0];
+  tp_type t1 = tp_type_make(TP_I64, 1, &N), x1 = tp_type_make(xt.dt, 1, &N);
+  tp_val m = em_compare(e, "NE", em_reshape(e, x, 1, &N), em_full(e, 0, &x1));
+  tp_val mi = em_convert(e, em_convert(e, m, TP_U8), TP_I64);
+  tp_val pos = sub(e, scan(e, mi, 0, "stablehlo.add", 0), mi);
+  int64_t nk[2] = {N, nd}, m0 = 0;
+  tp_type t2 = tp_type_make(TP_I64, 2, nk);
+  tp_val flat = em_bcast_in_dim(e, em_iota(e, &t1, 0), &t2, &m0);
+  /* coordinate of flat index f along dim d: (f / stride_d) % size_d */
+  tp_val stride = em_full(e, 1, &t2), dsz = em_full(e, 1, &t2);
+  tp_val col = em_iota(e, &t2, 1);
+  int64_t st = 1;
+  for (int d = nd - 1; d >= 0; d--) {
+    tp_val here = em_compare(e, "EQ", col, em_full(e, d, &t2));
+    stride = em_select(e, here, em_full(e, (double)st, &t2), stride);
+    dsz = em_select(e, here, em_full(e, (double)xt.dims[d], &t2), dsz);
+    st *= xt.dims[d];
+  }
+  tp_val coord = em_binary(e, "stablehlo.remainder", dv(e, flat, stride), dsz);
+  tp_val pb = em_bcast_in_dim(e, pos, &t2, &m0);
+  tp_val keep = em_binary(e, "stablehlo.and", em_bcast_in_dim(e, m, &(tp_type){TP_BOOL, 2, {N, nd}}, &m0),
+                          em_compare(e, "LT", pb, em_full(e, (double)size, &t2)));
+  tp_val dest = add(e, mul(e, pb, em_full(e, nd, &t2)), col);
+  dest = em_select(e, keep, dest, em_full(e, (double)(size * nd), &t2));
+  int64_t total = size * nd;
+  tp_val out = em_scatter_flat(e, em_bcast_to(e, em_const_i(e, fill, TP_I64), 1, &total), dest, coord, NULL);
+  o[0] = to_out(e, n, 0, out);
+}
+
 /* log(exp(a) + exp(b)) as PyTorch's _log_add_exp_helper: the larger plus
  * log1p(exp(smaller - larger)); two equal infinities give a (no inf - inf);
  * NaN propagates. */
@@ -1058,6 +1104,7 @@ const tp_lower_entry tp_lower_reduce[] = {
     {"aten::_cummax_helper", r_cummax_helper},
     {"aten::_cummin_helper", r_cummin_helper},
     {"aten::_logcumsumexp", r_logcumsumexp},
+    {"aten::nonzero_static", r_nonzero_static},
     {"aten::_softmax", r_softmax},
     {"aten::_log_softmax", r_log_softmax},
     {"aten::_softmax_backward_data", r_softmax_bw},

@@ -144,6 +144,8 @@ _META_SPEC = {
     "aten::_cummax_helper": lambda vals: (True, ()),
     "aten::_cummin_helper": lambda vals: (True, ()),
     "aten::_logcumsumexp": _like_self,
+    "aten::multi_margin_loss_backward": lambda vals: _like_self(vals[1:]),
+    "aten::multilabel_margin_loss_backward": lambda vals: _like_self(vals[1:]),
 }
 
 # Ops that update arguments in place without saying so in their schema.

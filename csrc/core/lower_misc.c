@@ -43,26 +43,25 @@ static void r_addr(tp_emit *e, const tp_node *n, tp_val *o) {
   int64_t m0 = 0, m1 = 1;
   tp_val v1 = em_bcast_in_dim(e, lw_tensor(e, n, 1, ct), &t, &m0);
   tp_val v2 = em_bcast_in_dim(e, lw_tensor(e, n, 2, ct), &t, &m1);
-  const tp_arg *ba = lw_arg(n, 3), *aa = lw_arg(n, 4);
-  int beta_zero = ba->kind == TP_ARG_SCALAR && (tp_dtype_is_float(ba->sdt) ? ba->f == 0.0 : ba->i == 0);
+  /* beta and alpha are runtime scalars: beta == 0 is selected in the program */
   if (od == TP_BOOL) {
     /* PyTorch: (beta && self) || (alpha && vec1 && vec2) */
     tp_type bt = lw_out_as(n, 0, TP_BOOL);
     tp_val alpha = lw_is_none(n, 4) ? em_full(e, 1, &bt) : lw_operand(e, n, 4, &bt);
     tp_val r = em_binary(e, "stablehlo.and", alpha, em_binary(e, "stablehlo.and", v1, v2));
-    if (!beta_zero) {
-      tp_val beta = lw_is_none(n, 3) ? em_full(e, 1, &bt) : lw_operand(e, n, 3, &bt);
-      r = em_binary(e, "stablehlo.or", em_binary(e, "stablehlo.and", beta, lw_operand(e, n, 0, &bt)), r);
-    }
-    o[0] = r;
+    tp_val beta = lw_is_none(n, 3) ? em_full(e, 1, &bt) : lw_operand(e, n, 3, &bt);
+    o[0] = em_binary(e, "stablehlo.or", em_binary(e, "stablehlo.and", beta, lw_operand(e, n, 0, &bt)), r);
     return;
   }
   /* the scalars as the kernel sees them: converted to the output dtype */
-  tp_val alpha = aa->kind == TP_ARG_NONE ? em_full(e, 1, &t) : em_convert(e, lw_operand(e, n, 4, OUT0), ct);
+  tp_val alpha = lw_is_none(n, 4) ? em_full(e, 1, &t) : em_convert(e, lw_operand(e, n, 4, OUT0), ct);
   tp_val r = rnd(e, mul(e, rnd(e, mul(e, alpha, v1), od), v2), od);
-  if (!beta_zero) {
-    tp_val beta = ba->kind == TP_ARG_NONE ? em_full(e, 1, &t) : em_convert(e, lw_operand(e, n, 3, OUT0), ct);
-    r = add(e, rnd(e, mul(e, beta, lw_operand(e, n, 0, &t)), od), r);
+  if (!lw_is_none(n, 3)) {
+    tp_val beta = em_convert(e, lw_operand(e, n, 3, OUT0), ct);
+    tp_val with_self = add(e, rnd(e, mul(e, beta, lw_operand(e, n, 0, &t)), od), r);
+    r = em_select(e, em_compare(e, "EQ", beta, em_full(e, 0, &t)), r, with_self);
+  } else {
+    r = add(e, lw_operand(e, n, 0, &t), r);
   }
   o[0] = em_convert(e, r, od);
 }
@@ -512,7 +511,122 @@ static void r_replication_pad_bw(tp_emit *e, const tp_node *n, tp_val *o) {
   o[0] = em_convert(e, g, ot.dt);
 }
 
+/* ---- margin loss backward ------------------------------------------------------------ */
+
+/* grad_output scaled per row as PyTorch's CPU kernels do at the end: a
+ * scalar grad (reduction != none, or 0-dim) multiplies everything, else
+ * row i by grad_output[i].  gi: (N, D) in ct. */
+static tp_val margin_grad_out(tp_emit *e, const tp_node *n, tp_val gi, int64_t red) {
+  tp_type t = *em_type(e, gi);
+  const tp_arg *ga = lw_arg(n, 0);
+  tp_val g = lw_tensor(e, n, 0, t.dt);
+  int64_t m0 = 0;
+  if (red != 0 || ga->kind != TP_ARG_TENSOR || em_type(e, g)->rank == 0 || tp_type_numel(em_type(e, g)) == 1)
+    return mul(e, gi, em_bcast_to(e, em_reshape(e, g, 0, NULL), t.rank, t.dims));
+  return mul(e, gi, em_bcast_in_dim(e, em_reshape(e, g, 1, &t.dims[0]), &t, &m0));
+}
+
+/* multi_margin_loss_backward(grad_output, self, target, p, margin, weight?, reduction):
+ * for class d != y with z = margin - x[y] + x[d] > 0: h = g (p = 1) or 2 g z,
+ * times weight[y]; grad[d] = h, grad[y] -= h; g = 1 / (N D) (mean) or 1 / D. */
+static void r_multi_margin_bw(tp_emit *e, const tp_node *n, tp_val *o) {
+  tp_type ot = *OUT0;
+  tp_dtype ct = lw_opmath(ot.dt);
+  int64_t red = lw_int(n, 6, 1);
+  int64_t D = ot.rank ? ot.dims[ot.rank - 1] : 1, N = D ? tp_type_numel(&ot) / D : 0;
+  if (N * D == 0) {
+    o[0] = em_full(e, 0, OUT0);
+    return;
+  }
+  int64_t nd[2] = {N, D}, m0 = 0;
+  tp_type t = tp_type_make(ct, 2, nd), it = tp_type_make(TP_I64, 2, nd);
+  tp_val x = em_reshape(e, lw_tensor(e, n, 1, ct), 2, nd);
+  tp_val y = em_reshape(e, em_convert(e, lw_value(e, n, 2), TP_I64), 1, &N);
+  tp_val hot = em_compare(e, "EQ", em_iota(e, &it, 1), em_bcast_in_dim(e, y, &it, &m0));
+  int64_t one = 1;
+  tp_val xy = em_reduce(e, em_select(e, hot, x, em_full(e, 0, &t)), em_const(e, 0, ct), &one, 1, "stablehlo.add");
+  tp_val margin = em_convert(e, lw_operand(e, n, 4, &t), ct);
+  tp_val z = add(e, sub(e, margin, em_bcast_in_dim(e, xy, &t, &m0)), x);
+  double g = red == 1 ? 1.0 / (double)(N * D) : 1.0 / (double)D;
+  /* p is a runtime scalar (1 or 2: the forward checked it) */
+  tp_val p1 = em_compare(e, "EQ", em_convert(e, lw_operand(e, n, 3, &t), ct), em_full(e, 1, &t));
+  tp_val h = em_select(e, p1, em_full(e, g, &t), mul(e, em_full(e, 2 * g, &t), z));
+  if (lw_arg(n, 5)->kind == TP_ARG_TENSOR) {
+    tp_val w = lw_tensor(e, n, 5, ct);
+    int64_t d1 = 1;
+    tp_val wy = em_gather_flat(e, em_reshape(e, w, 1, &D), y); /* weight[y] (N) */
+    (void)d1;
+    h = mul(e, h, em_bcast_in_dim(e, wy, &t, &m0));
+  }
+  tp_val on = em_binary(e, "stablehlo.and", em_unary(e, "stablehlo.not", hot), em_compare(e, "GT", z, em_full(e, 0, &t)));
+  h = em_select(e, on, h, em_full(e, 0, &t));
+  tp_val tot = em_reduce(e, h, em_const(e, 0, ct), &one, 1, "stablehlo.add");
+  tp_val gi = em_select(e, hot, em_unary(e, "stablehlo.negate", em_bcast_in_dim(e, tot, &t, &m0)), h);
+  gi = margin_grad_out(e, n, gi, red);
+  o[0] = em_convert(e, em_reshape(e, gi, ot.rank, ot.dims), ot.dt);
+}
+
+/* multilabel_margin_loss_backward(grad_output, self, target, reduction, is_target):
+ * targets of a row are target[0..k) up to the first -1; for each such t and
+ * each non-target d with 1 - x[t] + x[d] > 0: grad[d] += g, grad[t] -= g. */
+static void r_multilabel_margin_bw(tp_emit *e, const tp_node *n, tp_val *o) {
+  tp_type ot = *OUT0;
+  tp_dtype ct = lw_opmath(ot.dt);
+  int64_t red = lw_int(n, 3, 1);
+  int64_t D = ot.rank ? ot.dims[ot.rank - 1] : 1, N = D ? tp_type_numel(&ot) / D : 0;
+  if (N * D == 0) {
+    o[0] = em_full(e, 0, OUT0);
+    return;
+  }
+  int64_t nd[2] = {N, D}, nkd[3] = {N, D, D};
+  tp_type t = tp_type_make(ct, 2, nd), it = tp_type_make(TP_I64, 2, nd);
+  tp_type t3 = tp_type_make(ct, 3, nkd), b3 = tp_type_make(TP_BOOL, 3, nkd), i3 = tp_type_make(TP_I64, 3, nkd);
+  tp_val x = em_reshape(e, lw_tensor(e, n, 1, ct), 2, nd);
+  tp_val tg = em_reshape(e, em_convert(e, lw_value(e, n, 2), TP_I64), 2, nd);
+  tp_val ist = em_compare(e, "NE", em_reshape(e, em_convert(e, lw_value(e, n, 4), ct), 2, nd), em_full(e, 0, &t));
+  /* valid[k]: no -1 in target[0..k] */
+  tp_val neg = em_convert(e, em_convert(e, em_compare(e, "LT", tg, em_full(e, 0, &it)), TP_U8), TP_I64);
+  int64_t kdim[3] = {0, 1, 2};
+  /* count of negatives at or before k: compare pairs (k, k') with k' <= k */
+  tp_val kk = em_iota(e, &i3, 1), kp = em_iota(e, &i3, 2);
+  int64_t mnk[2] = {0, 2};
+  tp_val negb = em_bcast_in_dim(e, neg, &i3, mnk);
+  tp_val before = em_select(e, em_compare(e, "LE", kp, kk), negb, em_full(e, 0, &i3));
+  int64_t two = 2;
+  tp_val valid = em_compare(e, "EQ", em_reduce(e, before, em_const_i(e, 0, TP_I64), &two, 1, "stablehlo.add"),
+                            em_full(e, 0, &it)); /* (N, K) */
+  (void)kdim;
+  /* x[target_k] (N, K) */
+  tp_val safe = em_clamp(e, em_const_i(e, 0, TP_I64), tg, em_const_i(e, D - 1, TP_I64));
+  int64_t m0 = 0;
+  tp_val rowoff = mul(e, em_iota(e, &it, 0), em_full(e, (double)D, &it));
+  int64_t nn = N * D;
+  tp_val xt = em_gather_flat(e, em_reshape(e, x, 1, &nn), add(e, rowoff, safe));
+  /* z[n, k, d] = 1 - x[t_k] + x[d] */
+  int64_t mk[2] = {0, 1}, md[2] = {0, 2};
+  tp_val z = add(e, sub(e, em_full(e, 1, &t3), em_bcast_in_dim(e, xt, &t3, mk)), em_bcast_in_dim(e, x, &t3, md));
+  tp_val on = em_binary(e, "stablehlo.and", em_bcast_in_dim(e, valid, &b3, mk),
+                        em_unary(e, "stablehlo.not", em_bcast_in_dim(e, ist, &b3, md)));
+  on = em_binary(e, "stablehlo.and", on, em_compare(e, "GT", z, em_full(e, 0, &t3)));
+  tp_val onf = em_convert(e, em_convert(e, on, TP_U8), ct);
+  double g = red == 1 ? 1.0 / (double)(N * D) : 1.0 / (double)D;
+  int64_t one = 1;
+  tp_val plus = em_reduce(e, onf, em_const(e, 0, ct), &one, 1, "stablehlo.add");  /* (N, D): per d */
+  tp_val minus = em_reduce(e, onf, em_const(e, 0, ct), &two, 1, "stablehlo.add"); /* (N, K): per target */
+  /* scatter minus onto target positions: hot[n, k, d] = (t_k == d) & valid */
+  tp_val hot = em_binary(e, "stablehlo.and", em_compare(e, "EQ", em_bcast_in_dim(e, safe, &i3, mk), em_iota(e, &i3, 2)),
+                         em_bcast_in_dim(e, valid, &b3, mk));
+  tp_val mt = em_reduce(e, em_select(e, hot, em_bcast_in_dim(e, minus, &t3, mk), em_full(e, 0, &t3)), em_const(e, 0, ct),
+                        &one, 1, "stablehlo.add");
+  tp_val gi = mul(e, sub(e, plus, mt), em_full(e, g, &t));
+  gi = margin_grad_out(e, n, gi, red);
+  (void)m0;
+  o[0] = em_convert(e, em_reshape(e, gi, ot.rank, ot.dims), ot.dt);
+}
+
 const tp_lower_entry tp_lower_misc[] = {
+    {"aten::multi_margin_loss_backward", r_multi_margin_bw},
+    {"aten::multilabel_margin_loss_backward", r_multilabel_margin_bw},
     {"aten::replication_pad1d_backward", r_replication_pad_bw},
     {"aten::replication_pad2d_backward", r_replication_pad_bw},
     {"aten::replication_pad3d_backward", r_replication_pad_bw},

@@ -1159,3 +1159,23 @@ def test_complex_scalar_imaginary_part_is_not_dropped():
     # A scalar carries one double: x * 1j must refuse, not give 0.
     with pytest.raises(NotImplementedError, match="imaginary"):
         (zt * 1j).cpu()
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("mode", ["trunc", "floor"])
+def test_div_rounding_modes_lowp_round_like_cpu(dtype, mode):
+    """PyTorch's CPU div(rounding_mode) computes f16/bf16 with Half/BFloat16
+    arithmetic (each step rounded): trunc(bf16(a / b)) is 18 where the f32
+    quotient 17.99... truncates to 17.  Exact match required."""
+    g = torch.Generator().manual_seed(3)
+    a = (torch.randn(4000, generator=g) * 20).to(dtype)
+    b = torch.randn(4000, generator=g).to(dtype)
+    b[:3] = torch.tensor([0.0, -0.0, 1.0])
+    a[3:6] = torch.tensor([float("inf"), float("nan"), -0.0])
+    expected = torch.div(a, b, rounding_mode=mode)
+    assert (torch.div(a.float(), b.float(), rounding_mode=mode).to(dtype) != expected).any(), "sample too easy"
+    actual = torch.div(a.to("tpu"), b.to("tpu"), rounding_mode=mode).cpu()
+    torch.testing.assert_close(actual, expected, rtol=0, atol=0, equal_nan=True)
+    if mode == "floor":
+        torch.testing.assert_close(torch.floor_divide(a.to("tpu"), b.to("tpu")).cpu(), expected, rtol=0, atol=0,
+                                   equal_nan=True)

@@ -731,3 +731,65 @@ def test_pad_out_overload_writes_out():
     gi = torch.empty(2, 3, 4, device="tpu")
     aten.replication_pad1d_backward.grad_input(g.to("tpu"), x.float().to("tpu"), [1, 2], grad_input=gi)
     torch.testing.assert_close(gi.cpu(), aten.replication_pad1d_backward(g, x.float(), [1, 2]))
+
+
+# ---------------------------------------------------------------------------
+# low-precision batch norm: rounded like PyTorch's CPU kernels
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, BF16])
+@pytest.mark.parametrize("op", ["legit", "with_update", "instance_norm"])
+def test_batch_norm_lowp_train_matches_cpu(dtype, op):
+    """Training-mode statistics are stored (rounded) in the input dtype by
+    PyTorch's CPU kernel; the outputs must match it to the last bit (within
+    one ulp for the rare f64-vs-FMA double rounding), and save_mean/save_invstd
+    come back in the input's dtype."""
+    for seed in range(4):
+        x = (rnd(5, 5, 7, grad=False, seed=seed) * 3 + 1).to(dtype)
+        w, b = rnd(5, grad=False, seed=seed + 10).to(dtype), rnd(5, grad=False, seed=seed + 20).to(dtype)
+        rm, rv = rnd(5, grad=False, seed=seed + 30).to(dtype), (rnd(5, grad=False, seed=seed + 40).abs() + 0.5).to(dtype)
+        if op == "legit":
+            fn = lambda x, w, b, rm, rv: aten._native_batch_norm_legit(x, w, b, rm, rv, True, 0.5, 0.6)
+        elif op == "with_update":
+            fn = lambda x, w, b, rm, rv: aten._batch_norm_with_update(x, w, b, rm, rv, 0.5, 0.6)[:3]
+        else:
+            fn = lambda x, w, b, rm, rv: F.instance_norm(x, rm, rv, w, b, momentum=0.5, eps=0.6)
+        check(fn, x, w, b, rm, rv, rtol=0, atol=0 if dtype == BF16 else 1e-3)
+
+
+def test_batch_norm_eval_stats_are_empty_like_cpu():
+    x, w = rnd(2, 3, 4, grad=False, dtype=BF16), rnd(3, grad=False, dtype=BF16)
+    check(lambda x, w, rm, rv: aten._native_batch_norm_legit(x, w, w, rm, rv, False, 0.1, 1e-5),
+          x, w, w.clone(), w.abs() + 1)
+    wf = w.float()
+    check(lambda x, w, rm, rv: aten._native_batch_norm_legit(x, w, w, rm, rv, True, 0.1, 1e-5),
+          x, wf, wf.clone(), wf.abs() + 1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, BF16])
+@pytest.mark.parametrize("shape", [(7,), (40, 5), (300, 3), (2, 3, 9, 17)])
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_nll_loss_lowp_reductions_match_cpu(dtype, shape, weighted, reduction):
+    """PyTorch's CPU nll_loss sums f16/bf16 in the dtype with a cascade of
+    partial sums; the lowering replays it, so results match exactly (the
+    f32 sum rounded once differs on these sizes)."""
+    g = torch.Generator().manual_seed(len(shape) * 7 + shape[0])
+    C = shape[0] if len(shape) == 1 else shape[1]
+    x = (torch.randn(*shape, generator=g) * 4).to(dtype)
+    tshape = () if len(shape) == 1 else (shape[0],) + tuple(shape[2:])
+    t = torch.randint(0, C, tshape, generator=g)
+    if t.dim():
+        t.view(-1)[::5] = -100
+    w = (torch.rand(C, generator=g) + 0.3).to(dtype) if weighted else None
+    check(lambda x, t, w: F.nll_loss(x, t, weight=w, reduction=reduction), x, t, w, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, BF16])
+def test_mse_loss_lowp_rounds_like_cpu(dtype):
+    g = torch.Generator().manual_seed(5)
+    a, b = (torch.randn(3000, generator=g) * 30).to(dtype), (torch.randn(3000, generator=g) * 30).to(dtype)
+    expected = F.mse_loss(a, b, reduction="none")
+    assert ((a.float() - b.float()).square().to(dtype) != expected).any(), "sample too easy"
+    check(lambda a, b: F.mse_loss(a, b, reduction="none"), a, b, rtol=0, atol=0)
+    check(lambda a, b: F.mse_loss(a, b, reduction="sum"), a, b)

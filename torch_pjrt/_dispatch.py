@@ -97,6 +97,7 @@ def _scalar_code(v):
 # Ops that update arguments in place without saying so in their schema.
 _MUTATES = {"aten::native_batch_norm": (3, 4)}
 
+
 def _stats_dtype(vals, x, params):
     """dtype of a normalisation's saved statistics on CPU: the input's,
     or float32 when a reduced-precision input has float32 parameters."""
@@ -132,6 +133,8 @@ _SPEC_FIX = {
     "aten::_native_batch_norm_legit": _norm_stats(0, (1, 2, 3, 4), training=5),
     "aten::_native_batch_norm_legit.no_stats": _norm_stats(0, (1, 2)),
     "aten::_native_batch_norm_legit_no_training": _norm_stats(0, (1, 2, 3, 4), training=False),
+    "aten::_native_batch_norm_legit_functional": _norm_stats(0, (1, 2, 3, 4), training=5),
+    "aten::_batch_norm_with_update": _norm_stats(0, (1, 2, 3, 4)),
 }
 
 # Ops whose output shape (or whose errors) depend on the value of a Python number.
@@ -274,7 +277,22 @@ def _eigh_post(vals, outs):
             "too many repeated eigenvalues (it contains non-finite values).")
 
 
-_PY_META = {"aten::geqrf": _meta_geqrf, "aten::linalg_lstsq": _meta_lstsq}
+def _like_self(self, *args, **kwargs):
+    return torch.empty_like(self, memory_format=torch.contiguous_format)
+
+
+def _no_outputs(*args, **kwargs):
+    return ()  # "-> ()": the op writes its mutated arguments
+
+
+# Meta functions of ops that have none in PyTorch (called with meta tensors).
+_PY_META = {
+    "aten::geqrf": _meta_geqrf, "aten::linalg_lstsq": _meta_lstsq,
+    "aten::_cummax_helper": _no_outputs, "aten::_cummin_helper": _no_outputs,
+    "aten::_logcumsumexp": _like_self,
+    "aten::multi_margin_loss_backward": lambda grad_output, self, *a, **k: _like_self(self),
+    "aten::multilabel_margin_loss_backward": lambda grad_output, self, *a, **k: _like_self(self),
+}
 # Run after the lowering, with (argument values, outputs): output fix-ups
 # that depend on computed values (keyed by the functional op's name).
 _POST = {"aten::linalg_lstsq": _lstsq_post, "aten::_linalg_svd": _svd_post, "aten::_linalg_eigh": _eigh_post}
@@ -620,6 +638,8 @@ class _Handler:
         _C.run(lowering, enc, None, tuple(refs))
         if self.linalg:
             self._after(vals, outs)
+        if not outs:
+            return None  # "-> ()": only mutated arguments
         if multi:
             return tuple(outs)
         return outs[0]

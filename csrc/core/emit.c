@@ -297,6 +297,26 @@ tp_val em_iota(tp_emit *e, const tp_type *t, int dim) {
   return emit_line(e, "stablehlo.iota", attrs, NULL, 0, t);
 }
 
+tp_val em_round_to(tp_emit *e, tp_val x, tp_dtype dt) {
+  if (bad(e, x)) return -1;
+  tp_type t = e->types[x];
+  int narrower = (dt == TP_F32 && t.dt == TP_F64) || ((dt == TP_F16 || dt == TP_BF16) && (t.dt == TP_F32 || t.dt == TP_F64));
+  if (!narrower) return x;
+  const char *attrs = dt == TP_F16   ? "exponent_bits = 5 : i32, mantissa_bits = 10 : i32"
+                      : dt == TP_F32 ? "exponent_bits = 8 : i32, mantissa_bits = 23 : i32"
+                                     : "exponent_bits = 8 : i32, mantissa_bits = 7 : i32";
+  tp_val r = emit_line(e, "stablehlo.reduce_precision", attrs, &x, 1, &t);
+  if (dt != TP_F16) return r; /* f32/bf16 subnormals: XLA:CPU flushes them anyway */
+  /* XLA:CPU's reduce_precision flushes f16 subnormals (|x| < 2^-14) to zero;
+   * there the f16 grid is the multiples of 2^-24: scale, round half to even,
+   * scale back (all exact). */
+  tp_val up = em_full(e, 16777216.0, &t), down = em_full(e, 1.0 / 16777216.0, &t);
+  tp_val sub = em_binary(e, "stablehlo.multiply", em_unary(e, "stablehlo.round_nearest_even",
+                                                            em_binary(e, "stablehlo.multiply", x, up)), down);
+  tp_val small = em_compare(e, "LT", em_unary(e, "stablehlo.abs", x), em_full(e, 1.0 / 16384.0, &t));
+  return em_select(e, small, sub, r);
+}
+
 tp_val em_convert(tp_emit *e, tp_val x, tp_dtype dt) {
   if (bad(e, x)) return -1;
   tp_type t = e->types[x];

@@ -67,6 +67,11 @@ tp_val em_const_i(tp_emit *e, int64_t v, tp_dtype dt);         /* rank-0, exact 
 tp_val em_full(tp_emit *e, double v, const tp_type *t);        /* splat of shape t */
 tp_val em_iota(tp_emit *e, const tp_type *t, int dim);
 tp_val em_convert(tp_emit *e, tp_val x, tp_dtype dt);          /* no-op if same */
+/* x rounded to the values of a narrower float dt (f64 -> f32; f32/f64 ->
+ * f16 or bf16; otherwise x), type kept.  Unlike a convert pair, XLA never removes it ("excess precision"
+ * lets XLA:CPU drop f32 -> f16 -> f32 round trips), so rules that must round
+ * intermediates where PyTorch's CPU kernels do use this. */
+tp_val em_round_to(tp_emit *e, tp_val x, tp_dtype dt);
 tp_val em_bitcast(tp_emit *e, tp_val x, const tp_type *t);
 tp_val em_reshape(tp_emit *e, tp_val x, int rank, const int64_t *dims);
 tp_val em_transpose(tp_emit *e, tp_val x, const int64_t *perm);

@@ -20,6 +20,7 @@ static const tp_lower_entry *const k_fragments[] = {
     k_internal, tp_lower_elementwise, tp_lower_view, tp_lower_reduce, tp_lower_shape, tp_lower_nn, tp_lower_random,
     tp_lower_special,
     tp_lower_linalg,
+    tp_lower_misc,
 };
 
 static const tp_lower_entry **g_sorted;

@@ -186,9 +186,14 @@ static void r_pow(tp_emit *e, const tp_node *n, tp_val *o) {
   o[0] = finish(e, n, p);
 }
 
-/* Python-style floor division of a by b. Integer division by zero raises in
- * PyTorch; XLA gives -1. */
-static tp_val floor_div(tp_emit *e, tp_val a, tp_val b) {
+/* x rounded to the values of `lowp` when it is f16/bf16: PyTorch's CPU
+ * kernels for div's rounding modes compute f16/bf16 with c10::Half/BFloat16
+ * arithmetic, which rounds after every operation. */
+static tp_val rnd(tp_emit *e, tp_val x, tp_dtype lowp) { return em_round_to(e, x, lowp); }
+
+/* Python-style floor division of a by b, rounding each step to `lowp` (see
+ * rnd). Integer division by zero raises in PyTorch; XLA gives -1. */
+static tp_val floor_div(tp_emit *e, tp_val a, tp_val b, tp_dtype lowp) {
   tp_dtype dt = em_type(e, a)->dt;
   tp_val zero = k(e, a, 0);
   if (!isf(dt)) {
@@ -199,14 +204,14 @@ static tp_val floor_div(tp_emit *e, tp_val a, tp_val b) {
   }
   /* PyTorch's div_floor_floating */
   tp_val mod = em_binary(e, "stablehlo.remainder", a, b);
-  tp_val d = dv(e, sub(e, a, mod), b);
+  tp_val d = rnd(e, dv(e, rnd(e, sub(e, a, mod), lowp), b), lowp);
   tp_val fix = em_binary(e, "stablehlo.and", em_compare(e, "NE", mod, zero),
                          em_compare(e, "NE", em_compare(e, "LT", b, zero), em_compare(e, "LT", mod, zero)));
-  d = em_select(e, fix, sub(e, d, k(e, a, 1)), d);
+  d = em_select(e, fix, rnd(e, sub(e, d, k(e, a, 1)), lowp), d);
   tp_val fl = un(e, "stablehlo.floor", d);
-  tp_val up = em_compare(e, "GT", sub(e, d, fl), k(e, a, 0.5));
-  fl = em_select(e, up, add(e, fl, k(e, a, 1)), fl);
-  tp_val q = dv(e, a, b);
+  tp_val up = em_compare(e, "GT", rnd(e, sub(e, d, fl), lowp), k(e, a, 0.5));
+  fl = em_select(e, up, rnd(e, add(e, fl, k(e, a, 1)), lowp), fl);
+  tp_val q = rnd(e, dv(e, a, b), lowp);
   /* a zero quotient keeps the sign of a / b */
   tp_val res = em_select(e, em_compare(e, "EQ", d, zero), mul(e, zero, un(e, "stablehlo.sign", q)), fl);
   return em_select(e, em_compare(e, "EQ", b, zero), q, res);
@@ -221,16 +226,17 @@ static void r_div(tp_emit *e, const tp_node *n, tp_val *o) {
   }
   /* rounding modes compute in the promoted input type (= output type). */
   tp_type ct = common_type(e, n, 2, 0);
+  tp_dtype lowp = lw_result_type(e, n, (const int[]){0, 1}, 2);
   tp_val a = opnd(e, n, 0, &ct), b = opnd(e, n, 1, &ct);
   if (!strcmp(mode, "trunc")) {
-    tp_val q = dv(e, a, b);
+    tp_val q = rnd(e, dv(e, a, b), lowp);
     if (isf(ct.dt)) {
       tp_val neg = em_compare(e, "LT", q, k(e, q, 0));
       q = em_select(e, neg, un(e, "stablehlo.ceil", q), un(e, "stablehlo.floor", q));
     }
     o[0] = finish(e, n, q);
   } else if (!strcmp(mode, "floor")) {
-    o[0] = finish(e, n, floor_div(e, a, b));
+    o[0] = finish(e, n, floor_div(e, a, b, lowp));
   } else {
     o[0] = em_fail(e, TP_INVALID_ARGUMENT,
                    "div expected rounding_mode to be one of None, 'trunc', or 'floor' but found '%s'", mode);
@@ -239,7 +245,8 @@ static void r_div(tp_emit *e, const tp_node *n, tp_val *o) {
 
 static void r_floor_divide(tp_emit *e, const tp_node *n, tp_val *o) {
   tp_type ct = common_type(e, n, 2, 0);
-  o[0] = finish(e, n, floor_div(e, opnd(e, n, 0, &ct), opnd(e, n, 1, &ct)));
+  tp_dtype lowp = lw_result_type(e, n, (const int[]){0, 1}, 2);
+  o[0] = finish(e, n, floor_div(e, opnd(e, n, 0, &ct), opnd(e, n, 1, &ct), lowp));
 }
 
 /* Python's modulo: the result takes the divisor's sign. */

@@ -250,6 +250,9 @@ static void r_layer_norm_backward(tp_emit *e, const tp_node *n, tp_val *o) {
 
 /* ---- batch norm ------------------------------------------------------------------- */
 
+/* v rounded to the values of dt when dt is f16/bf16 (em_round_to). */
+static tp_val rnd_to(tp_emit *e, tp_val v, tp_dtype dt) { return em_round_to(e, v, dt); }
+
 /* Reduction dims of batch norm: all but dim 1. */
 static int bn_dims(int rank, int64_t *rd) {
   int k = 0;
@@ -268,21 +271,45 @@ static void batch_norm(tp_emit *e, const tp_node *n, tp_val *o, int wi, int bi, 
     o[0] = em_fail(e, TP_INVALID_ARGUMENT, "%s: expected an input with at least 2 dims, got %d", n->op, t.rank);
     return;
   }
-  tp_dtype ct = lw_opmath(t.dt);
+  tp_dtype xdt = t.dt, ct = lw_opmath(t.dt);
   t.dt = ct;
   tp_val x = em_convert(e, x0, ct);
   int64_t rd[TP_MAX_RANK], ch = 1;
   int nr = bn_dims(t.rank, rd);
   int64_t C = t.dims[1], cnt = C ? numel_of(&t) / C : 0;
+  /* f16/bf16 input with parameters of its own dtype: PyTorch's CPU kernel
+   * keeps the statistics in that dtype (not "mixed"), which rounds them. */
+  int lowp = training && ct != xdt;
+  const int pi[4] = {wi, bi, rmi, rvi};
+  for (int j = 0; j < 4; j++)
+    if (pi[j] >= 0 && lw_arg(n, pi[j])->kind == TP_ARG_TENSOR && lw_dtype(e, n, pi[j]) != xdt) lowp = 0;
   tp_val rm = rmi >= 0 ? opt_tensor(e, n, rmi, ct) : -1, rv = rvi >= 0 ? opt_tensor(e, n, rvi, ct) : -1;
   tp_val w = wi >= 0 ? opt_tensor(e, n, wi, ct) : -1, b = bi >= 0 ? opt_tensor(e, n, bi, ct) : -1;
   tp_val mean, invstd, new_rm = rm, new_rv = rv;
   if (training) {
     double invc = cnt ? 1.0 / (double)cnt : NAN;
     mean = mulk(e, rsum(e, x, rd, nr), invc);
-    tp_val d = sub(e, x, bcast(e, mean, &t, &ch));
-    tp_val var = mulk(e, rsum(e, mul(e, d, d), rd, nr), invc);
-    invstd = dv(e, kf(e, var, 1), em_unary(e, "stablehlo.sqrt", add(e, var, kf(e, var, eps))));
+    tp_val var;
+    if (!lowp) {
+      tp_val d = sub(e, x, bcast(e, mean, &t, &ch));
+      var = mulk(e, rsum(e, mul(e, d, d), rd, nr), invc);
+      invstd = dv(e, kf(e, var, 1), em_unary(e, "stablehlo.sqrt", add(e, var, kf(e, var, eps))));
+    } else {
+      /* Where PyTorch's CPU kernels round (measured against them): the mean
+       * is stored in the input dtype; bf16 centres on the f32 mean and
+       * stores the sum of squares, then divides by the count in bf16; f16
+       * centres on the rounded mean and divides in f32.  invstd is
+       * 1 / sqrt(var + eps) in double, stored in the input dtype. */
+      tp_val mean_r = rnd_to(e, mean, xdt);
+      tp_val d = sub(e, x, bcast(e, xdt == TP_BF16 ? mean : mean_r, &t, &ch));
+      tp_val vs = rsum(e, mul(e, d, d), rd, nr);
+      if (xdt == TP_BF16) var = rnd_to(e, dv(e, rnd_to(e, vs, xdt), rnd_to(e, kf(e, vs, (double)cnt), xdt)), xdt);
+      else var = mulk(e, vs, invc);
+      tp_val vd = em_convert(e, var, TP_F64);
+      invstd = dv(e, kf(e, vd, 1), em_unary(e, "stablehlo.sqrt", add(e, vd, kf(e, vd, eps))));
+      invstd = rnd_to(e, em_convert(e, invstd, ct), xdt);
+      mean = mean_r;
+    }
     if (rm >= 0) new_rm = add(e, mulk(e, mean, momentum), mulk(e, rm, 1 - momentum));
     if (rv >= 0) {
       double corr = cnt > 1 ? (double)cnt / (double)(cnt - 1) : INFINITY;
@@ -307,7 +334,18 @@ static void batch_norm(tp_emit *e, const tp_node *n, tp_val *o, int wi, int bi, 
   tp_val alpha = w >= 0 ? mul(e, invstd, w) : invstd;
   tp_val beta = em_unary(e, "stablehlo.negate", mul(e, mean, alpha));
   if (b >= 0) beta = add(e, b, beta);
-  tp_val y = add(e, mul(e, x, bcast(e, alpha, &t, &ch)), bcast(e, beta, &t, &ch));
+  tp_val y;
+  if (lowp && xdt == TP_F16) {
+    /* PyTorch's f16 kernel contracts x * alpha + beta to an FMA: x * alpha
+     * is exact in f64, so one f64 add rounds (almost always) like it. */
+    tp_type t64 = t;
+    t64.dt = TP_F64;
+    y = add(e, mul(e, em_convert(e, x, TP_F64), bcast(e, em_convert(e, alpha, TP_F64), &t64, &ch)),
+            bcast(e, em_convert(e, beta, TP_F64), &t64, &ch));
+    y = em_convert(e, y, ct);
+  } else {
+    y = add(e, mul(e, x, bcast(e, alpha, &t, &ch)), bcast(e, beta, &t, &ch));
+  }
   o[0] = em_convert(e, y, n->outs[0].dt);
   if (n->nouts > 1) o[1] = numel_of(OUT(1)) == C ? as_out(e, n, 1, mean) : em_full(e, 0, OUT(1));
   if (n->nouts > 2) o[2] = numel_of(OUT(2)) == C ? as_out(e, n, 2, invstd) : em_full(e, 0, OUT(2));
@@ -328,6 +366,37 @@ static void r_batch_norm_no_stats(tp_emit *e, const tp_node *n, tp_val *o) {
 static void r_batch_norm_no_training(tp_emit *e, const tp_node *n, tp_val *o) {
   batch_norm(e, n, o, 1, 2, 3, 4, 0, lw_float(n, 5, 0.1), lw_float(n, 6, 1e-5));
 }
+
+/* _batch_norm_with_update(input, weight?, bias?, running_mean!, running_var!, momentum, eps)
+ * -> (out, save_mean, save_invstd, reserve), then the updated running_mean
+ * and running_var as outputs 4 and 5 (the dispatcher passes mutated
+ * arguments as extra outputs).  _batch_norm_no_update: the same in
+ * evaluation mode, running statistics optional and unchanged. */
+static void bn_update_like(tp_emit *e, const tp_node *n, tp_val *o, int training) {
+  if (n->nouts < 4 || (training && n->nouts < 6)) {
+    o[0] = em_fail(e, TP_INTERNAL, "%s: expected %d outputs, got %d", n->op, training ? 6 : 4, n->nouts);
+    return;
+  }
+  tp_type outs[5] = {n->outs[0], n->outs[1], n->outs[2]};
+  tp_node m = *n;
+  m.nouts = 3;
+  if (training) {
+    outs[3] = n->outs[4];
+    outs[4] = n->outs[5];
+    m.nouts = 5;
+  }
+  m.outs = outs;
+  tp_val r[5] = {-1, -1, -1, -1, -1};
+  batch_norm(e, &m, r, 1, 2, 3, 4, training, lw_float(n, 5, 0.1), lw_float(n, 6, 1e-5));
+  for (int i = 0; i < 3; i++) o[i] = r[i];
+  o[3] = em_full(e, 0, OUT(3));
+  if (training) {
+    o[4] = r[3];
+    o[5] = r[4];
+  }
+}
+static void r_batch_norm_with_update(tp_emit *e, const tp_node *n, tp_val *o) { bn_update_like(e, n, o, 1); }
+static void r_batch_norm_no_update(tp_emit *e, const tp_node *n, tp_val *o) { bn_update_like(e, n, o, 0); }
 
 /* native_batch_norm_backward(grad_out, input, weight?, running_mean?, running_var?, save_mean?,
  * save_invstd?, train, eps, output_mask) -> (grad_input, grad_weight, grad_bias) */
@@ -444,6 +513,75 @@ static int nll_prepare(tp_emit *e, const tp_node *n, int xi, int ti, int wi, int
   return !em_failed(e);
 }
 
+/* Element j (a rank-0 value) of the rank-1 vector v. */
+static tp_val elem(tp_emit *e, tp_val v, int64_t j) {
+  int64_t st = j, li = j + 1;
+  return em_reshape(e, em_slice(e, v, &st, &li, NULL), 0, NULL);
+}
+
+/* PyTorch's CPU nll_loss reductions for f16/bf16 sum in the input dtype with
+ * a cascade of 8 partial sums (c10::Half/BFloat16 arithmetic: every add
+ * rounds): element i (in target order, ignored ones skipped) is subtracted
+ * from partial sum 0 (its weight added to weight sum 0); then, while the
+ * bits of i at level j (4 bits a level) are all 0, partial sum j is added
+ * into j + 1 and cleared.  The partial sums are then added up in order.
+ * This replays that loop exactly.  term, wt: f32 rank-1 (term already
+ * rounded), valid: bool rank-1.  *loss and *wsum are f32 rank-0 values of
+ * dtype dt. */
+static void nll_cascade(tp_emit *e, tp_val term, tp_val wt, tp_val valid, tp_dtype dt, tp_val *loss, tp_val *wsum) {
+  int64_t N = em_type(e, term)->dims[0];
+  int lp = 0;
+  while (lp < 62 && ((int64_t)1 << lp) < N) lp++; /* ceil(log2(N)) */
+  lp = lp / 8 > 4 ? lp / 8 : 4;
+  int64_t eight = 8;
+  tp_type vt = tp_type_make(TP_F32, 1, &eight);
+  tp_val vf = em_convert(e, em_convert(e, valid, TP_U8), TP_F32);
+  tp_val init[3] = {em_const_i(e, 0, TP_I64), em_full(e, 0, &vt), em_full(e, 0, &vt)};
+  tp_val a[3], b[3], next[3], out[3];
+  em_loop L;
+  if (em_while_begin(e, &L, init, 3, a)) return;
+  tp_val pred = em_compare(e, "LT", a[0], em_const_i(e, N, TP_I64));
+  if (em_while_body(e, &L, pred, b)) return;
+  tp_val i = b[0];
+  tp_val t = em_gather_flat(e, term, i), w = em_gather_flat(e, wt, i);
+  tp_val ok = em_compare(e, "NE", em_gather_flat(e, vf, i), em_const(e, 0, TP_F32));
+  tp_val ls[8], ws[8];
+  for (int j = 0; j < 8; j++) {
+    ls[j] = elem(e, b[1], j);
+    ws[j] = elem(e, b[2], j);
+  }
+  tp_val l0 = rnd_to(e, sub(e, ls[0], t), dt), w0 = rnd_to(e, add(e, ws[0], w), dt);
+  ls[0] = em_select(e, ok, l0, ls[0]);
+  ws[0] = em_select(e, ok, w0, ws[0]);
+  tp_val go = ok, zero = em_const(e, 0, TP_F32);
+  for (int j = 0; j + 1 < 8; j++) {
+    int64_t mask = lp * j < 62 ? ((((int64_t)1 << lp) - 1) << (lp * j)) : 0;
+    tp_val bits = em_binary(e, "stablehlo.and", i, em_const_i(e, mask, TP_I64));
+    go = em_binary(e, "stablehlo.and", go, em_compare(e, "EQ", bits, em_const_i(e, 0, TP_I64)));
+    ls[j + 1] = em_select(e, go, rnd_to(e, add(e, ls[j + 1], ls[j]), dt), ls[j + 1]);
+    ws[j + 1] = em_select(e, go, rnd_to(e, add(e, ws[j + 1], ws[j]), dt), ws[j + 1]);
+    ls[j] = em_select(e, go, zero, ls[j]);
+    ws[j] = em_select(e, go, zero, ws[j]);
+  }
+  int64_t one = 1;
+  tp_val lv[8], wv[8];
+  for (int j = 0; j < 8; j++) {
+    lv[j] = em_reshape(e, ls[j], 1, &one);
+    wv[j] = em_reshape(e, ws[j], 1, &one);
+  }
+  next[0] = em_binary(e, "stablehlo.add", i, em_const_i(e, 1, TP_I64));
+  next[1] = em_concat(e, lv, 8, 0);
+  next[2] = em_concat(e, wv, 8, 0);
+  if (em_while_end(e, &L, next, out)) return;
+  tp_val sl = em_const(e, 0, TP_F32), sw = em_const(e, 0, TP_F32);
+  for (int j = 0; j < 8; j++) {
+    sl = rnd_to(e, add(e, sl, elem(e, out[1], j)), dt);
+    sw = rnd_to(e, add(e, sw, elem(e, out[2], j)), dt);
+  }
+  *loss = sl;
+  *wsum = sw;
+}
+
 /* nll_loss_forward / nll_loss2d_forward(self, target, weight?, reduction, ignore_index)
  * -> (output, total_weight) */
 static void r_nll_loss(tp_emit *e, const tp_node *n, tp_val *o) {
@@ -461,8 +599,23 @@ static void r_nll_loss(tp_emit *e, const tp_node *n, tp_val *o) {
   int64_t all[TP_MAX_RANK];
   for (int i = 0; i < tr; i++) all[i] = i;
   tp_val tw = rsum(e, p.wt, all, tr);
+  tp_dtype xdt = lw_dtype(e, n, 0);
+  int64_t nt = numel_of(em_type(e, loss));
   if (red == 0) {
     o[0] = as_out(e, n, 0, loss);
+  } else if ((red == 1 || red == 2) && xdt != p.xt.dt && nt > 0) {
+    /* f16/bf16: PyTorch's order and roundings (nll_cascade); the weighted
+     * term is rounded before it is subtracted, the count of valid targets
+     * is rounded to the dtype. */
+    tp_val term = em_reshape(e, picked, 1, &nt), wt = em_reshape(e, p.wt, 1, &nt);
+    tp_val valid = em_reshape(e, p.valid, 1, &nt);
+    if (!lw_is_none(n, 2)) term = rnd_to(e, mul(e, term, wt), xdt);
+    tp_val s = -1, sw = -1;
+    nll_cascade(e, term, wt, valid, xdt, &s, &sw);
+    if (em_failed(e)) return;
+    if (lw_is_none(n, 2)) sw = rnd_to(e, tw, xdt);
+    tw = sw;
+    o[0] = as_out(e, n, 0, red == 1 ? rnd_to(e, dv(e, s, tw), xdt) : s);
   } else if (red == 1 || red == 2) {
     tp_val s = rsum(e, loss, all, tr);
     o[0] = as_out(e, n, 0, red == 1 ? dv(e, s, tw) : s);
@@ -526,8 +679,11 @@ static void r_mse_loss(tp_emit *e, const tp_node *n, tp_val *o) {
     return;
   }
   t.dt = ct;
-  tp_val d = sub(e, lw_operand(e, n, 0, &t), lw_operand(e, n, 1, &t));
-  tp_val sq = mul(e, d, d);
+  /* PyTorch's CPU kernel computes (a - b) * (a - b) per element in the
+   * tensor's dtype: f16/bf16 round the difference and the square. */
+  tp_dtype xdt = n->outs[0].dt;
+  tp_val d = rnd_to(e, sub(e, lw_operand(e, n, 0, &t), lw_operand(e, n, 1, &t)), xdt);
+  tp_val sq = rnd_to(e, mul(e, d, d), xdt);
   int64_t red = lw_int(n, 2, 1);
   if (red == 0) {
     o[0] = as_out(e, n, 0, sq);
@@ -1814,6 +1970,8 @@ const tp_lower_entry tp_lower_nn[] = {
     {"aten::_native_batch_norm_legit.no_stats", r_batch_norm_no_stats},
     {"aten::_native_batch_norm_legit_no_training", r_batch_norm_no_training},
     {"aten::native_batch_norm_backward", r_batch_norm_backward},
+    {"aten::_batch_norm_with_update", r_batch_norm_with_update},
+    {"aten::_batch_norm_no_update", r_batch_norm_no_update},
     {"aten::nll_loss_forward", r_nll_loss},
     {"aten::nll_loss2d_forward", r_nll_loss},
     {"aten::nll_loss_backward", r_nll_loss_backward},

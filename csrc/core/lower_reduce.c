@@ -545,14 +545,19 @@ static void r_vector_norm(tp_emit *e, const tp_node *n, tp_val *o) {
 
 /* ---- scans ------------------------------------------------------------------------------------ */
 
-/* Inclusive scan of v (R, L) along its last dim with a binary op.  Blocks of
- * SCAN_B: within a block a sequential chain of ops (O(1) work per element,
- * fused by the compiler), then the block totals are scanned the same way
- * (recursively) and combined in.  Exact for integers; for floats the order
- * is the sequential one within blocks.  `ident` pads. */
+/* Inclusive scan of v (R, L) along its last dim with an associative
+ * combine(a, b) (a before b).  Blocks of SCAN_B: within a block a
+ * sequential chain of combines (O(1) work per element, fused by the
+ * compiler), then the block totals are scanned the same way (recursively)
+ * and combined in.  Exact for integers; for floats the order is the
+ * sequential one within blocks.  `ident` (combine's identity) pads. */
 #define SCAN_B 16
 
-static tp_val scan2(tp_emit *e, tp_val v, const char *op, double ident) {
+typedef tp_val (*scan_fn)(tp_emit *e, tp_val a, tp_val b, const char *op);
+
+static tp_val scan_binop(tp_emit *e, tp_val a, tp_val b, const char *op) { return em_binary(e, op, a, b); }
+
+static tp_val scan2(tp_emit *e, tp_val v, scan_fn comb, const char *op, double ident) {
   const tp_type *t = em_type(e, v);
   int64_t R = t->dims[0], L = t->dims[1];
   if (L <= 1 || em_failed(e)) return v;
@@ -566,17 +571,17 @@ static tp_val scan2(tp_emit *e, tp_val v, const char *op, double ident) {
   for (int64_t j = 0; j < B; j++) {
     int64_t st[3] = {0, 0, j}, lim[3] = {R, M, j + 1};
     tp_val c = em_slice(e, v, st, lim, NULL);
-    outs[j] = j == 0 ? c : em_binary(e, op, outs[j - 1], c);
+    outs[j] = j == 0 ? c : comb(e, outs[j - 1], c, op);
   }
   tp_val y = em_concat(e, outs, (int)B, 2);
   if (M > 1) {
     int64_t d2[2] = {R, M};
-    tp_val inc = scan2(e, em_reshape(e, outs[B - 1], 2, d2), op, ident);
+    tp_val inc = scan2(e, em_reshape(e, outs[B - 1], 2, d2), comb, op, ident);
     int64_t st[2] = {0, 0}, lim[2] = {R, M - 1}, plo[2] = {0, 1}, phi[2] = {0, 0};
     tp_val excl = em_pad(e, em_slice(e, inc, st, lim, NULL), em_const(e, ident, t->dt), plo, phi, NULL);
     int64_t map[2] = {0, 1};
     tp_type yt = *em_type(e, y);
-    y = em_binary(e, op, em_bcast_in_dim(e, excl, &yt, map), y);
+    y = comb(e, em_bcast_in_dim(e, excl, &yt, map), y, op);
   }
   int64_t d2[2] = {R, M * B};
   y = em_reshape(e, y, 2, d2);
@@ -585,7 +590,7 @@ static tp_val scan2(tp_emit *e, tp_val v, const char *op, double ident) {
 }
 
 /* Inclusive scan of x along `dim`. */
-static tp_val scan(tp_emit *e, tp_val x, int dim, const char *op, double ident) {
+static tp_val scan_with(tp_emit *e, tp_val x, int dim, scan_fn comb, const char *op, double ident) {
   tp_type t = *em_type(e, x);
   int r = t.rank;
   int64_t perm[TP_MAX_RANK], inv[TP_MAX_RANK];
@@ -598,11 +603,15 @@ static tp_val scan(tp_emit *e, tp_val x, int dim, const char *op, double ident) 
   int64_t L = t.dims[dim], R = L ? tp_type_numel(&t) / L : 0;
   if (R == 0 || L == 0) return x;
   int64_t d2[2] = {R, L};
-  v = scan2(e, em_reshape(e, v, 2, d2), op, ident);
+  v = scan2(e, em_reshape(e, v, 2, d2), comb, op, ident);
   tp_type pt = t;
   for (int i = 0; i < r; i++) pt.dims[i] = t.dims[perm[i]];
   v = em_reshape(e, v, r, pt.dims);
   return em_transpose(e, v, inv);
+}
+
+static tp_val scan(tp_emit *e, tp_val x, int dim, const char *op, double ident) {
+  return scan_with(e, x, dim, scan_binop, op, ident);
 }
 
 /* cumsum / cumprod(self, dim, *, dtype).  float32 accumulates in float64 as
@@ -617,6 +626,132 @@ static void cum_like(tp_emit *e, const tp_node *n, tp_val *o, int is_prod) {
   o[0] = to_out(e, n, 0, x);
 }
 static void r_cumsum(tp_emit *e, const tp_node *n, tp_val *o) { cum_like(e, n, o, 0); }
+
+/* _cummax_helper / _cummin_helper(self, values!, indices!, dim) -> (): the
+ * dispatcher passes values and indices as outputs 0 and 1.  PyTorch's CPU
+ * loop takes element i when it is NaN, or when the running value is not NaN
+ * and x[i] >= it (<= for cummin): values are the NaN-propagating running
+ * max; the index is the last NaN seen, else the last position whose value
+ * equals the running max there (ties go to the later index). */
+static void cum_maxmin(tp_emit *e, const tp_node *n, tp_val *o, int is_max) {
+  tp_val x = lw_value(e, n, 0);
+  tp_dtype dt = dt_of(e, x);
+  if (tp_dtype_is_complex(dt)) {
+    o[0] = em_fail(e, TP_UNIMPLEMENTED, "%s: complex inputs are not supported", n->op);
+    return;
+  }
+  int d = one_dim(e, n, 3, rank_of(e, x));
+  if (em_failed(e)) return;
+  if (d < 0 || rank_of(e, x) == 0) {
+    o[0] = to_out(e, n, 0, x);
+    o[1] = to_out(e, n, 1, em_const_i(e, 0, TP_I64));
+    return;
+  }
+  const char *op = is_max ? "stablehlo.maximum" : "stablehlo.minimum";
+  tp_type it = *em_type(e, x);
+  it.dt = TP_I64;
+  tp_val pos = em_iota(e, &it, d);
+  tp_val vals, rec;
+  if (tp_dtype_is_float(dt)) {
+    tp_val nan = em_compare(e, "NE", x, x);
+    tp_val clean = em_select(e, nan, kl(e, x, is_max ? -INFINITY : INFINITY), x);
+    tp_val run = scan(e, clean, d, op, is_max ? -INFINITY : INFINITY);
+    tp_val seen = scan(e, em_convert(e, nan, TP_U8), d, "stablehlo.maximum", 0);
+    vals = em_select(e, em_compare(e, "NE", seen, kl(e, seen, 0)), kl(e, x, NAN), run);
+    rec = em_binary(e, "stablehlo.or", nan, em_compare(e, "EQ", x, vals));
+  } else {
+    /* exact in int64; cummin as ~cummax(~x) (~ reverses the order without
+     * overflow), so the identity is INT64_MIN for both */
+    tp_val xs = em_convert(e, x, TP_I64);
+    if (!is_max) xs = un(e, "stablehlo.not", xs);
+    tp_val run = scan(e, xs, d, "stablehlo.maximum", -9223372036854775808.0);
+    rec = em_compare(e, "EQ", xs, run);
+    vals = em_convert(e, is_max ? run : un(e, "stablehlo.not", run), dt);
+  }
+  tp_val cand = em_select(e, rec, pos, kl(e, pos, -1));
+  o[0] = to_out(e, n, 0, vals);
+  o[1] = to_out(e, n, 1, scan(e, cand, d, "stablehlo.maximum", -1));
+}
+static void r_cummax_helper(tp_emit *e, const tp_node *n, tp_val *o) { cum_maxmin(e, n, o, 1); }
+static void r_cummin_helper(tp_emit *e, const tp_node *n, tp_val *o) { cum_maxmin(e, n, o, 0); }
+
+/* nonzero_static(self, *, size, fill_value=-1) -> (size, ndim) int64: the
+ * first `size` nonzero positions in row-major order (an exclusive cumsum
+ * gives each its row), the remaining rows fill_value. */
+static void r_nonzero_static(tp_emit *e, const tp_node *n, tp_val *o) {
+  tp_val x = lw_value(e, n, 0);
+  tp_type xt = *em_type(e, x), ot = n->outs[0];
+  if (tp_dtype_is_complex(xt.dt)) {
+    o[0] = em_fail(e, TP_UNIMPLEMENTED, "nonzero_static: complex inputs are not supported on tpu yet");
+    return;
+  }
+  int64_t fill = lw_int(n, 2, -1), N = tp_type_numel(&xt);
+  int nd = xt.rank;
+  if (ot.rank != 2 || tp_type_numel(&ot) == 0 || N == 0) {
+    /* nothing to find (or nothing to write): every row is fill_value */
+    o[0] = em_convert(e, em_bcast_to(e, em_const_i(e, fill, TP_I64), ot.rank, ot.dims), ot.dt);
+    return;
+  }
+  int64_t size = ot.dims[0];
+  tp_type t1 = tp_type_make(TP_I64, 1, &N), x1 = tp_type_make(xt.dt, 1, &N);
+  tp_val m = em_compare(e, "NE", em_reshape(e, x, 1, &N), em_full(e, 0, &x1));
+  tp_val mi = em_convert(e, em_convert(e, m, TP_U8), TP_I64);
+  tp_val pos = sub(e, scan(e, mi, 0, "stablehlo.add", 0), mi);
+  int64_t nk[2] = {N, nd}, m0 = 0;
+  tp_type t2 = tp_type_make(TP_I64, 2, nk);
+  tp_val flat = em_bcast_in_dim(e, em_iota(e, &t1, 0), &t2, &m0);
+  /* coordinate of flat index f along dim d: (f / stride_d) % size_d */
+  tp_val stride = em_full(e, 1, &t2), dsz = em_full(e, 1, &t2);
+  tp_val col = em_iota(e, &t2, 1);
+  int64_t st = 1;
+  for (int d = nd - 1; d >= 0; d--) {
+    tp_val here = em_compare(e, "EQ", col, em_full(e, d, &t2));
+    stride = em_select(e, here, em_full(e, (double)st, &t2), stride);
+    dsz = em_select(e, here, em_full(e, (double)xt.dims[d], &t2), dsz);
+    st *= xt.dims[d];
+  }
+  tp_val coord = em_binary(e, "stablehlo.remainder", dv(e, flat, stride), dsz);
+  tp_val pb = em_bcast_in_dim(e, pos, &t2, &m0);
+  tp_val keep = em_binary(e, "stablehlo.and", em_bcast_in_dim(e, m, &(tp_type){TP_BOOL, 2, {N, nd}}, &m0),
+                          em_compare(e, "LT", pb, em_full(e, (double)size, &t2)));
+  tp_val dest = add(e, mul(e, pb, em_full(e, nd, &t2)), col);
+  dest = em_select(e, keep, dest, em_full(e, (double)(size * nd), &t2));
+  int64_t total = size * nd;
+  tp_val out = em_scatter_flat(e, em_bcast_to(e, em_const_i(e, fill, TP_I64), 1, &total), dest, coord, NULL);
+  o[0] = to_out(e, n, 0, out);
+}
+
+/* log(exp(a) + exp(b)) as PyTorch's _log_add_exp_helper: the larger plus
+ * log1p(exp(smaller - larger)); two equal infinities give a (no inf - inf);
+ * NaN propagates. */
+static tp_val log_add_exp(tp_emit *e, tp_val a, tp_val b, const char *unused) {
+  (void)unused;
+  tp_val an = em_compare(e, "NE", a, a), bn = em_compare(e, "NE", b, b);
+  tp_val lo = em_select(e, em_compare(e, "LT", a, b), a, b), hi = em_select(e, em_compare(e, "LT", a, b), b, a);
+  tp_val r = add(e, un(e, "stablehlo.log_plus_one", un(e, "stablehlo.exponential", sub(e, lo, hi))), hi);
+  tp_val same_inf = em_binary(e, "stablehlo.and", em_compare(e, "EQ", lo, hi),
+                              em_compare(e, "EQ", un(e, "stablehlo.abs", lo), kl(e, lo, INFINITY)));
+  r = em_select(e, same_inf, a, r);
+  r = em_select(e, bn, b, r);
+  return em_select(e, an, a, r);
+}
+
+/* _logcumsumexp(self, dim): accumulates in PyTorch's acc_type (f64 for f32,
+ * f32 for f16/bf16). */
+static void r_logcumsumexp(tp_emit *e, const tp_node *n, tp_val *o) {
+  tp_dtype od = n->outs[0].dt;
+  if (!tp_dtype_is_float(od)) {
+    o[0] = em_fail(e, TP_UNIMPLEMENTED, "logcumsumexp: %s outputs are not supported on tpu",
+                   tp_dtype_is_complex(od) ? "complex" : "non-float");
+    return;
+  }
+  tp_dtype ct = od == TP_F32 ? TP_F64 : lw_opmath(od);
+  tp_val x = em_convert(e, lw_value(e, n, 0), ct);
+  int d = one_dim(e, n, 1, rank_of(e, x));
+  if (em_failed(e)) return;
+  if (d >= 0 && rank_of(e, x) > 0) x = scan_with(e, x, d, log_add_exp, NULL, -INFINITY);
+  o[0] = to_out(e, n, 0, x);
+}
 static void r_cumprod(tp_emit *e, const tp_node *n, tp_val *o) { cum_like(e, n, o, 1); }
 
 
@@ -966,6 +1101,10 @@ const tp_lower_entry tp_lower_reduce[] = {
     {"aten::linalg_vector_norm", r_vector_norm},
     {"aten::cumsum", r_cumsum},
     {"aten::cumprod", r_cumprod},
+    {"aten::_cummax_helper", r_cummax_helper},
+    {"aten::_cummin_helper", r_cummin_helper},
+    {"aten::_logcumsumexp", r_logcumsumexp},
+    {"aten::nonzero_static", r_nonzero_static},
     {"aten::_softmax", r_softmax},
     {"aten::_log_softmax", r_log_softmax},
     {"aten::_softmax_backward_data", r_softmax_bw},

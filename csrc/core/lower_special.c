@@ -15,7 +15,7 @@
  *    polynomial recurrences and closed forms, trigamma's reflection, the
  *    phases of the Bessel and Airy expansions, log_ndtr's t * t), the same
  *    operations run in the same dtype and order, or their f64 values are
- *    rounded to float with reduce_precision (round_to: XLA:CPU drops a
+ *    rounded to float with reduce_precision (em_round_to: XLA:CPU drops a
  *    convert to f32 and back, as it allows excess precision).
  *  - XLA:CPU flushes subnormal floats to zero in arithmetic and comparisons;
  *    nextafter and frexp work on the bits instead.
@@ -91,14 +91,6 @@ static tp_val horner(tp_emit *e, tp_val y, const double *c, int m) {
 /* An f64 value rounded to dt's precision (kept in f64).  A convert to f32
  * and back does not do it: XLA:CPU drops such round trips (it allows excess
  * precision), reduce_precision it keeps. */
-static tp_val round_to(tp_emit *e, tp_val v, tp_dtype dt) {
-  const char *attrs = dt == TP_F32 ? "exponent_bits = 8 : i32, mantissa_bits = 23 : i32"
-                      : dt == TP_BF16 ? "exponent_bits = 8 : i32, mantissa_bits = 7 : i32"
-                      : dt == TP_F16  ? "exponent_bits = 5 : i32, mantissa_bits = 10 : i32"
-                                      : NULL;
-  if (!attrs) return v;
-  return em_op(e, "stablehlo.reduce_precision", attrs, &v, 1, em_type(e, v));
-}
 
 /* ---- unary special functions computed in f64 ------------------------------ */
 
@@ -338,9 +330,9 @@ static void r_log_ndtr(tp_emit *e, const tp_node *n, tp_val *o) {
   tp_val x = in_as(e, n, 0, &ct);
   /* K(cdt constant) as f64: sqrt(1/2) rounded like PyTorch's constant */
   double c = cdt == TP_F64 ? M_SQRT1_2 : (double)(float)M_SQRT1_2;
-  tp_val t = round_to(e, mul(e, x, K(e, x, c)), cdt);
-  tp_val lg = round_to(e, log_(e, mul(e, erfcx64(e, un(e, "stablehlo.negate", t)), K(e, t, 0.5))), cdt);
-  tp_val lo = round_to(e, sub(e, lg, round_to(e, mul(e, t, t), cdt)), cdt);
+  tp_val t = em_round_to(e, mul(e, x, K(e, x, c)), cdt);
+  tp_val lg = em_round_to(e, log_(e, mul(e, erfcx64(e, un(e, "stablehlo.negate", t)), K(e, t, 0.5))), cdt);
+  tp_val lo = em_round_to(e, sub(e, lg, em_round_to(e, mul(e, t, t), cdt)), cdt);
   tp_val hi = log_ndtr64(e, x);
   o[0] = em_convert(e, sel(e, cmp(e, "LT", x, K(e, x, -1.0)), lo, hi), OUT0->dt);
 }
@@ -356,7 +348,7 @@ static void r_erfcx(tp_emit *e, const tp_node *n, tp_val *o) {
   tp_type ct = out_as(n, TP_F64);
   tp_val x = in_as(e, n, 0, &ct);
   tp_val xx = mul(e, x, x);
-  xx = round_to(e, xx, lw_opmath(OUT0->dt));
+  xx = em_round_to(e, xx, lw_opmath(OUT0->dt));
   tp_val neg = sub(e, mul(e, K(e, x, 2), exp_(e, xx)), erfcx64(e, un(e, "stablehlo.negate", x)));
   tp_val r = sel(e, cmp(e, "LT", x, K(e, x, 0)), neg, erfcx64(e, x));
   o[0] = em_convert(e, r, OUT0->dt);
@@ -367,7 +359,7 @@ static void r_erfcx(tp_emit *e, const tp_node *n, tp_val *o) {
 /* The phase x - c rounded to the dtype PyTorch computes it in (pd), as f64. */
 static tp_val phase(tp_emit *e, tp_val x, double c, tp_dtype pd) {
   double cr = pd == TP_F64 ? c : (double)(float)c;
-  return round_to(e, sub(e, round_to(e, x, pd), K(e, x, cr)), pd);
+  return em_round_to(e, sub(e, em_round_to(e, x, pd), K(e, x, cr)), pd);
 }
 
 /* J_nu (want_y = 0) or Y_nu (want_y = 1) for x >= 0, nu = 0 or 1, in f64:
@@ -514,11 +506,11 @@ static tp_val airy_ai64(tp_emit *e, tp_val x, tp_dtype pd) {
   tp_val wz = dv(e, K(e, zn, 1), mul(e, zn, zn));
   tp_val P = horner(e, wz, pc, 12), Q = dv(e, horner(e, wz, qc, 12), zn);
   /* PyTorch's t = -2 x sqrt(-x) / 3 + pi / 4 in its dtype */
-  tp_val xq = round_to(e, un(e, "stablehlo.negate", xn), pd);
-  tp_val sq = round_to(e, sqrt_(e, un(e, "stablehlo.negate", xq)), pd);
-  tp_val tq = round_to(e, dv(e, round_to(e, mul(e, mul(e, K(e, xq, -2.0), xq), sq), pd), K(e, xq, 3.0)), pd);
+  tp_val xq = em_round_to(e, un(e, "stablehlo.negate", xn), pd);
+  tp_val sq = em_round_to(e, sqrt_(e, un(e, "stablehlo.negate", xq)), pd);
+  tp_val tq = em_round_to(e, dv(e, em_round_to(e, mul(e, mul(e, K(e, xq, -2.0), xq), sq), pd), K(e, xq, 3.0)), pd);
   double qpi = pd == TP_F64 ? 0.25 * M_PI : (double)(0.25f * (float)M_PI);
-  tp_val t = round_to(e, add(e, tq, K(e, tq, qpi)), pd);
+  tp_val t = em_round_to(e, add(e, tq, K(e, tq, qpi)), pd);
   tp_val rneg = dv(e, sub(e, mul(e, un(e, "stablehlo.sine", t), P), mul(e, un(e, "stablehlo.cosine", t), Q)),
                    mul(e, K(e, xn, sqrt(M_PI)), sqrt_(e, sqrt_(e, xn))));
   tp_val r = sel(e, pos, rpos, sel(e, negb, rneg, rser));
@@ -848,8 +840,8 @@ static void r_poly(tp_emit *e, const tp_node *n, tp_val *o, poly_kind kind, cons
     tp_val th = em_convert(e, un(e, "chlo.acos", em_convert(e, y, TP_F64)), dt);
     /* sin/cos of the dt-rounded argument, evaluated in f64: XLA's f32 sine
      * and cosine lose accuracy for large arguments (n in the millions) */
-#define COS(v) em_convert(e, un(e, "stablehlo.cosine", round_to(e, em_convert(e, (v), TP_F64), dt)), dt)
-#define SIN(v) em_convert(e, un(e, "stablehlo.sine", round_to(e, em_convert(e, (v), TP_F64), dt)), dt)
+#define COS(v) em_convert(e, un(e, "stablehlo.cosine", em_round_to(e, em_convert(e, (v), TP_F64), dt)), dt)
+#define SIN(v) em_convert(e, un(e, "stablehlo.sine", em_round_to(e, em_convert(e, (v), TP_F64), dt)), dt)
     tp_val half = dv(e, th, T(2));
     tp_val nh = add(e, nT, T(0.5));
     switch (kind) {

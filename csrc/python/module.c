@@ -837,6 +837,7 @@ static PyObject *py_fast_call(PyObject *self, PyObject *const *fa, Py_ssize_t nf
   PyObject *specs = PyTuple_GET_ITEM(spec, 1);
   if (!PyTuple_Check(specs) || PyTuple_GET_SIZE(specs) > 8) goto bail;
   Py_ssize_t nouts = PyTuple_GET_SIZE(specs);
+  if (nouts == 0 && !inplace) goto bail; /* "-> ()" ops: the handler returns None */
   tp_tensor_ref *orefs = &refs[nrefs];
   int norefs = 0;
   if (inplace) {

@@ -745,6 +745,12 @@ def _into_outs(h, args, kwargs, res):
     return outs[0] if len(outs) == 1 else tuple(outs)
 
 
+# PyTorch decompositions whose results differ from PyTorch's CPU kernels:
+# never used (the op is unsupported instead of silently wrong).
+# multilabel_margin_loss_forward: targets after the first -1 in a row count.
+_WRONG_DECOMPOSITIONS = {"aten::multilabel_margin_loss_forward"}
+
+
 def _fallback(op, *args, **kwargs):
     h = _handler(op)
     if h.lowering is not None:
@@ -756,7 +762,7 @@ def _fallback(op, *args, **kwargs):
     if special is not None:
         return special(*args, **kwargs)
     depth = getattr(_state, "decomp_depth", 0)
-    decomp = _decomposition(op) if depth < 8 else None
+    decomp = _decomposition(op) if depth < 8 and name not in _WRONG_DECOMPOSITIONS else None
     call_args, call_kwargs = args, kwargs
     if h.is_out and depth < 8:
         # An out= overload runs its functional form's decomposition, whose

@@ -778,3 +778,16 @@ def test_tensor_split_tensor_indices():
         check(lambda x: torch.tensor_split(x, *args), x, grad=True)
     with pytest.raises(RuntimeError, match="to be on cpu"):
         torch.tensor_split(x.detach().to("tpu"), torch.tensor([1, 2], device="tpu"))
+
+
+def test_linspace_integer_and_index_add_bool_alpha():
+    # Integer linspace needs a true division (XLA turns x / 49 into x * (1/49),
+    # truncating some values one too low); bool index_add honours alpha.
+    for a, b, n in [(50, 1, 50), (0, 100, 7), (-3, 97, 13), (1, 50, 49)]:
+        for dt in (torch.int64, torch.int32, torch.float32):
+            assert torch.equal(torch.linspace(a, b, n, dtype=dt, device="tpu").cpu(), torch.linspace(a, b, n, dtype=dt))
+    x = torch.tensor([[True, False, False], [False, False, True]])
+    s, i = torch.ones(2, 2, dtype=torch.bool), torch.tensor([0, 2])
+    for alpha in (False, True):
+        got = x.to("tpu").index_add(1, i.to("tpu"), s.to("tpu"), alpha=alpha).cpu()
+        assert torch.equal(got, x.index_add(1, i, s, alpha=alpha))

@@ -704,7 +704,9 @@ static void index_dim(tp_emit *e, const tp_node *n, tp_val *o, red_kind red, int
     return;
   }
   tp_val upd = src;
-  if (alpha_i >= 0 && t.dt != TP_BOOL) {
+  if (alpha_i >= 0 && t.dt == TP_BOOL) {
+    upd = em_binary(e, "stablehlo.and", em_convert(e, src, TP_BOOL), lw_operand(e, n, alpha_i, &st)); /* bool * alpha */
+  } else if (alpha_i >= 0) {
     tp_dtype cdt = lw_opmath(t.dt);
     tp_type ct = st;
     ct.dt = cdt;
@@ -1284,7 +1286,13 @@ static void r_linspace_out(tp_emit *e, const tp_node *n, tp_val *o) {
     return;
   }
   tp_val end = em_bcast_in_dim(e, e0, &ct, NULL);
-  tp_val step = em_binary(e, "stablehlo.divide", sub(e, end, start), em_full(e, (double)(steps - 1), &ct));
+  /* A true division, as on the CPU: XLA rewrites x / constant into
+   * x * (1 / constant), which is inexact (49 -> 0.0204...: integer results
+   * truncated one too low), so the divisor goes through an optimization
+   * barrier that hides its value. */
+  tp_val den = em_full(e, (double)(steps - 1), &ct);
+  den = em_op(e, "stablehlo.optimization_barrier", NULL, &den, 1, &ct);
+  tp_val step = em_binary(e, "stablehlo.divide", sub(e, end, start), den);
   tp_type it = lw_out_as(n, 0, TP_I64);
   tp_val ii = em_iota(e, &it, 0);
   tp_val fi = em_convert(e, ii, cdt);

@@ -298,12 +298,9 @@ _PY_META = {
 _POST = {"aten::linalg_lstsq": _lstsq_post, "aten::_linalg_svd": _svd_post, "aten::_linalg_eigh": _eigh_post}
 
 # linalg ops whose CPU kernels factor A^T instead of A when A is contiguous
-# (and real), which their LU / pivots outputs show: the rule to run on A^T
+# (and real), which their LU / pivots outputs show: their rule runs on A^T
 # (det(A^T) = det(A)).
-_LU_OF_TRANSPOSE = {
-    "aten::_linalg_det": "aten::_linalg_det",
-    "aten::_linalg_slogdet": "aten::_linalg_slogdet",
-}
+_LU_OF_TRANSPOSE = {"aten::_linalg_det", "aten::_linalg_slogdet"}
 
 # linalg ops with a check_errors argument -> the API name in PyTorch's errors.
 _CHECK_ERRORS = {
@@ -381,7 +378,7 @@ class _Handler:
         ce = next((i for i, a in enumerate(self.args_schema) if a.name == "check_errors"), None)
         api = _CHECK_ERRORS.get(self.lowering)
         self.check_errors = (api, ce) if api is not None and ce is not None else None
-        self.swap = _LU_OF_TRANSPOSE.get(self.lowering)
+        self.swap = self.lowering in _LU_OF_TRANSPOSE
         self.post = _POST.get(self.lowering)
         self.linalg = bool(self.check_errors or self.swap or self.post)
         # The C fast path (_C.fast_call) serves plain calls whose output specs
@@ -608,20 +605,18 @@ class _Handler:
                 self.meta_cache.clear()
             self.meta_cache[key] = spec
         multi, specs = spec
-        lowering = self.lowering
-        if self.swap is not None and vals[0].is_contiguous() and not vals[0].is_complex():
+        if self.swap and vals[0].is_contiguous() and not vals[0].is_complex():
             # PyTorch's CPU kernel factors A^T here (no copy for a row-major A),
             # and its LU / pivots outputs (and their backward) say so.
             vals = [vals[0].mT] + list(vals[1:])
             device, enc_all, _ = self._encode_and_key(vals)
-            lowering = self.swap
         enc = tuple(enc_all) if self.all_functional else tuple(enc_all[i] for i in self.functional_idx)
         if self.is_out:
             outs = [vals[i] for i in self.out_idx]
             for o, m in zip(outs, specs):
                 if m is not None and o.shape != m[0]:
                     o.resize_(m[0])
-            _C.run(lowering, enc, None, tuple(_ref(o) for o in outs))
+            _C.run(self.lowering, enc, None, tuple(_ref(o) for o in outs))
             if self.linalg:
                 self._after(vals, outs)
             return outs[0] if len(outs) == 1 else tuple(outs)
@@ -635,7 +630,7 @@ class _Handler:
         # the rule receives only the defined ones, in order.
         refs = [_ref(o) for o in outs if o is not None]
         refs += [_ref(vals[i]) for i in self.mutated_idx if isinstance(vals[i], torch.Tensor)]
-        _C.run(lowering, enc, None, tuple(refs))
+        _C.run(self.lowering, enc, None, tuple(refs))
         if self.linalg:
             self._after(vals, outs)
         if not outs:

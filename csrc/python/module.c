@@ -733,11 +733,11 @@ static void fast_scalar(PyObject *v, tp_arg *a) {
   a->kind = TP_ARG_SCALAR;
   a->wrapped = 1;
   if (PyFloat_CheckExact(v)) {
-    a->sdt = (tp_dtype)7;
+    a->sdt = TP_F64;
     a->f = PyFloat_AS_DOUBLE(v);
     a->i = (int64_t)a->f;
   } else {
-    a->sdt = (tp_dtype)(PyBool_Check(v) ? 11 : 4);
+    a->sdt = PyBool_Check(v) ? TP_BOOL : TP_I64;
     a->i = PyLong_AsLongLong(v);
     a->f = (double)a->i;
   }

@@ -32,6 +32,8 @@ def _count(recs):
     out["total"] = sum(out[s] for s in STATUSES)
     out["pass_rate"] = round(out["pass"] / out["total"], 4) if out["total"] else None
     out["pass_1e-3"] = sum(1 for r in recs if r["status"] != "skipped" and loose_status(r) == "pass")
+    for kind in ("ties", "closer_to_f64"):  # passing nodes with a sample that differs from the CPU
+        out[f"pass_{kind}"] = sum(1 for r in recs if r["status"] == "pass" and kind in r.get("explained", {}))
     return out
 
 
@@ -106,6 +108,22 @@ def failures(results, autograd_keys):
                     (dt, part.get("message", "")))
         for (st, _, is_grad), items in merged.items():
             rows.append((key, [d for d, _ in items], st, items[0][1], is_grad))
+    return rows
+
+
+def explained(results):
+    """[(key, dtypes, kind, message, is_grad)] for passing nodes with a sample
+    that differs from the CPU (harness.explain), the dtypes merged."""
+    rows = []
+    for key, recs in results.items():
+        merged = collections.OrderedDict()
+        for dt, r in recs.items():
+            for part, is_grad in ((r, False), (r.get("grad") if dt == "float32" else None, True)):
+                if part and part.get("status") == "pass":
+                    for kind, msg in part.get("explained", {}).items():
+                        merged.setdefault((kind, is_grad), []).append((dt, msg))
+        for (kind, is_grad), items in merged.items():
+            rows.append((key, [d for d, _ in items], kind, items[0][1], is_grad))
     return rows
 
 
@@ -219,7 +237,8 @@ def markdown(report, command):
       "\"within 1e-3\"; the \"pass at 1e-3\" columns count them as passing. "
       "Status of a node: **pass** (every sample matches); "
       "**unsupported** (an op has no lowering: our NotImplementedError, or PyTorch's dispatcher "
-      "finding no kernel for a tpu sparse layout); **mismatch** (a result differs); "
+      "finding no kernel for a tpu sparse layout; also any other NotImplementedError raised inside "
+      "torch_pjrt, such as an unsupported dtype); **mismatch** (a result differs); "
       "**error** (any other exception on \"tpu\"); **crash** (the worker process died or hung; each "
       "OpInfo runs in a worker subprocess). A node with samples in several states takes the worst: "
       "mismatch, then error, then unsupported. **skipped**: OpInfos with random or uninitialized "
@@ -228,6 +247,16 @@ def markdown(report, command):
       "seeds, and nodes where the CPU reference itself raised on every sample; they are not in the totals. "
       "Gradients: float32 OpInfos with `supports_autograd`, gradients of every input that requires grad "
       "for a fixed random cotangent, compared the same way.")
+    w("")
+    w("A sample whose result differs from the CPU's still passes in two cases, listed in their own "
+      "section below: **ties**, where only the index among equal elements differs and PyTorch leaves "
+      "that choice unspecified (sort and argsort unless stable=True, topk, kthvalue, mode, median, "
+      "nanmedian; the indices must select the CPU's values, once each), and **closer to float64**, "
+      "where the op, run once more on the CPU with its floating inputs in float64, shows the tpu "
+      "result at least as accurate as the CPU's: the worst tpu element is off from the float64 "
+      "result by no more than the worst CPU element, plus one unit of the node's tolerance. "
+      f"Nodes passing this way: {a['pass_ties']} by ties, {a['pass_closer_to_f64']} closer to float64 "
+      f"(gradients: {tot['grad']['pass_closer_to_f64']}).")
     w("")
     w("## Totals by dtype")
     w("")
@@ -285,6 +314,14 @@ def markdown(report, command):
         ops = miss_where[name]
         w(f"| `{name}` | {n} | {', '.join(ops[:5])}{', ...' if len(ops) > 5 else ''} |")
 
+    w("")
+    w("## Passing results that differ from the CPU")
+    w("")
+    w("| OpInfo | dtypes | why it passes | first differing sample |")
+    w("|---|---|---|---|")
+    for key, dts, kind, msg, is_grad in sorted(explained(results), key=lambda r: (r[0], r[4])):
+        why = "ties" if kind == "ties" else "closer to float64"
+        w(f"| {key} | {', '.join(dts)}{' (grad)' if is_grad else ''} | {why} | {_md_escape(msg[:300])} |")
     w("")
     w("## Every mismatch, error and crash")
     w("")

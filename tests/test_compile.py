@@ -153,11 +153,19 @@ def test_compiled_optimizer_step_updates_in_place():
     mt, ot = make("tpu")
     step = torch.compile(ot.step, backend="tpu")
     x, y = torch.randn(5, 8), torch.randn(5, 4)
-    for _ in range(3):
+    for it in range(3):
         for m, opt, dev, fn in ((mc, oc, "cpu", oc.step), (mt, ot, "tpu", step)):
             opt.zero_grad()
             ((m(x.to(dev)) - y.to(dev)) ** 2).mean().backward()
+            before = torch_pjrt.metrics()
             fn()
+            after = torch_pjrt.metrics()
+            if dev == "tpu" and it > 0:
+                # The CPU step counters (one per parameter) go to the device
+                # and come back in one transfer each way, in one program.
+                assert after["executions"] - before["executions"] == 1
+                assert after["h2d_transfers"] - before["h2d_transfers"] == 1
+                assert after["d2h_transfers"] - before["d2h_transfers"] == 1
     for pc, pt in zip(mc.parameters(), mt.parameters()):
         torch.testing.assert_close(pt.cpu(), pc.detach(), rtol=1e-5, atol=1e-6)
         sc, st = oc.state[pc], ot.state[pt]

@@ -96,10 +96,17 @@ class GraphProgram:
         self.ninputs = len(placeholders)
         values = {}  # fx node -> value id, or tuple of ids for multi-output nodes
         types = []
+        # Inputs that live on the CPU (optimizer step counters, say) travel
+        # together: one transfer per dtype each way, not one per tensor.
+        self.host_inputs = []
+        ph_vals = []
         for i, n in enumerate(placeholders):
             val = n.meta.get("val", example_inputs[i] if i < len(example_inputs) else None)
+            ph_vals.append(val)
             types.append(_type(val))
             values[n] = i
+            if isinstance(val, torch.Tensor) and val.device.type == "cpu":
+                self.host_inputs.append(i)
         # Constant tensors (get_attr) become extra inputs.
         self.consts = []
         for n in graph.nodes:
@@ -123,7 +130,7 @@ class GraphProgram:
                 if n.op == "call_function":
                     self._add(n, values)
                 elif n.op == "output":
-                    self._set_outputs(n, values)
+                    self._set_outputs(n, values, ph_vals)
         except Exception:
             _C.graph_free(self.gid)
             raise
@@ -227,7 +234,7 @@ class GraphProgram:
                                     by_position=True))
         return tuple(ids)
 
-    def _set_outputs(self, n, values):
+    def _set_outputs(self, n, values, ph_vals):
         prog = []
         for o in n.args[0]:
             if o is None:
@@ -243,8 +250,43 @@ class GraphProgram:
             self.outputs.append(("v", len(prog)))
             prog.append(vid)
             self.out_specs.append((tuple(val.shape), tuple(val.stride()), val.dtype))
-        self.mut_inputs = list(self.mutations)
-        _C.graph_outputs(self.gid, prog + [self.mutations[i] for i in self.mut_inputs])
+        host = set(self.host_inputs)
+        self.mut_inputs = [i for i in self.mutations if i not in host]
+        # New values of mutated CPU inputs: one packed output per dtype.
+        self.host_muts = {}  # dtype -> [(input index, numel)]
+        for i in self.mutations:
+            if i in host:
+                self.host_muts.setdefault(ph_vals[i].dtype, []).append((i, ph_vals[i].numel()))
+        packed = []
+        for dt, items in self.host_muts.items():
+            code = CODE[dt]
+            flat = [_C.graph_add(self.gid, "aten::view", (("V", self.mutations[i]), [k]), [(code, (k,))])
+                    for i, k in items]
+            total = sum(k for _, k in items)
+            packed.append(_C.graph_add(self.gid, "aten::cat", (("L", [("V", v) for v in flat]), 0),
+                                       [(code, (total,))]))
+        _C.graph_outputs(self.gid, prog + [self.mutations[i] for i in self.mut_inputs] + packed)
+
+    def _host_to_device(self, inputs, dev):
+        """{input index: device tensor} for the CPU inputs, sent in one
+        transfer per dtype (views of it are the program's arguments)."""
+        groups = {}
+        for i in self.host_inputs:
+            t = inputs[i]
+            if t.device.type == "cpu":
+                groups.setdefault(t.dtype, []).append(i)
+        moved = {}
+        for dt, idx in groups.items():
+            if len(idx) == 1:
+                moved[idx[0]] = inputs[idx[0]].to(dev)
+                continue
+            packed = torch.cat([inputs[i].detach().reshape(-1) for i in idx]).to(dev)
+            off = 0
+            for i in idx:
+                k = inputs[i].numel()
+                moved[i] = packed[off:off + k].view(inputs[i].shape)
+                off += k
+        return moved
 
     def __call__(self, *args):
         inputs = list(args) + self.consts
@@ -254,28 +296,34 @@ class GraphProgram:
                 device = t.device.index
                 break
         dev = torch.device("tpu", device)
+        for i in self.host_inputs:
+            if inputs[i].device != dev and inputs[i].device.type != "cpu":
+                raise RuntimeError(f"torch-pjrt compiled graph: input {i} is on {inputs[i].device}, "
+                                   f"expected the CPU or {dev}")
+        moved = self._host_to_device(inputs, dev)  # input index -> a view of one packed transfer
         refs, keep = [], []  # keep: copies made here must outlive the run
-        for t in inputs:
+        for i, t in enumerate(inputs):
             if not isinstance(t, torch.Tensor):
                 raise RuntimeError(f"torch-pjrt compiled graph got a non-tensor input {type(t).__name__}")
-            if t.device != dev:  # e.g. optimizer step counters kept on the CPU
+            if i in moved:
+                t = moved[i]
+            elif t.device != dev:
                 t = t.to(dev)
                 keep.append(t)
             refs.append(_ref(t))
         outs = [torch.empty_strided(s, st, dtype=dt, device=dev) for s, st, dt in self.out_specs]
         out_refs = [_ref(o) for o in outs]
-        host_updates = []  # mutated inputs not on the device (CPU step counters)
-        for i in self.mut_inputs:
-            t = inputs[i]
-            if t.device != dev:
-                tmp = torch.empty_like(t, device=dev)
-                host_updates.append((t, tmp))
-                t = tmp
-            out_refs.append(_ref(t))
+        out_refs += [_ref(inputs[i]) for i in self.mut_inputs]
+        packed = [torch.empty(sum(k for _, k in items), dtype=dt, device=dev)
+                  for dt, items in self.host_muts.items()]
+        out_refs += [_ref(p) for p in packed]
         if out_refs:
             _C.run("tp::graph", (self.gid, *refs), None, tuple(out_refs))
-        for t, tmp in host_updates:
-            t.copy_(tmp)
+        for p, items in zip(packed, self.host_muts.values()):
+            host, off = p.cpu(), 0  # one transfer back per dtype
+            for i, k in items:
+                inputs[i].copy_(host[off:off + k].view(inputs[i].shape))
+                off += k
         result = []
         for kind in self.outputs:
             if kind[0] == "v":

@@ -4,6 +4,8 @@ _fft_c2r) against PyTorch on the CPU, forward and gradients.
 Tolerances are relative to the largest magnitude of the expected result
 (FFT errors grow with the sum, not with each element): 1e-5 for float32 and
 complex64, 1e-12 for float64 and complex128."""
+import warnings
+
 import pytest
 import torch
 
@@ -242,3 +244,16 @@ def test_gradients(name):
     yc.backward(cot)
     yt.backward(cot.to("tpu"))
     close(xt.grad, xc.grad)
+
+
+def test_compiled():
+    def f(x):
+        n = x.shape[-1]
+        y = torch.fft.irfft(torch.fft.rfft(x) * torch.fft.rfftfreq(n, device=x.device), n=n)
+        return y + torch.fft.fftshift(torch.fft.fftfreq(n, d=0.5, device=x.device))
+
+    x = rnd(3, 15, seed=16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no op of it may run eagerly
+        y = torch.compile(f, backend="tpu")(x.to("tpu"))
+    close(y, f(x))

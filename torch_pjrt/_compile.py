@@ -395,10 +395,24 @@ def _compile_graph(gm, example_inputs):
     return run
 
 
+def _fftfreq(n, d=1.0, *, dtype=None, layout=None, device=None, pin_memory=None):
+    # ATen's fft_fftfreq: arange(n), its upper half replaced by -(n//2)..-1, times 1/(n*d)
+    k = torch.arange(n, dtype=torch.int64, device=device)
+    k = torch.where(k < (n + 1) // 2, k, k - n).to(dtype or torch.get_default_dtype())
+    return k * (1.0 / (n * d))
+
+
+def _rfftfreq(n, d=1.0, *, dtype=None, layout=None, device=None, pin_memory=None):
+    return torch.arange(n // 2 + 1, dtype=dtype or torch.get_default_dtype(), device=device) * (1.0 / (n * d))
+
+
 def _decompositions():
     from torch._decomp import core_aten_decompositions
 
     table = core_aten_decompositions()
+    # Factories with a composite kernel in eager mode that graphs keep whole.
+    table[torch.ops.aten.fft_fftfreq.default] = _fftfreq
+    table[torch.ops.aten.fft_rfftfreq.default] = _rfftfreq
     return {op: fn for op, fn in table.items() if not _C.has_lowering(_qualname(op))}
 
 

@@ -21,6 +21,7 @@ static const tp_lower_entry *const k_fragments[] = {
     tp_lower_special,
     tp_lower_linalg,
     tp_lower_misc,
+    tp_lower_fft,
 };
 
 static const tp_lower_entry **g_sorted;

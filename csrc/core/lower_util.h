@@ -20,6 +20,7 @@ extern const tp_lower_entry tp_lower_random[];
 extern const tp_lower_entry tp_lower_special[];
 extern const tp_lower_entry tp_lower_linalg[];
 extern const tp_lower_entry tp_lower_misc[];
+extern const tp_lower_entry tp_lower_fft[];
 
 /* ---- argument access (bounds-checked; a missing arg reads as None) ---- */
 const tp_arg *lw_arg(const tp_node *n, int i);

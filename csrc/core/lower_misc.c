@@ -1,6 +1,6 @@
 /* lower_misc.c - ops that fit no other family: outer-product and cross
- * products, distances, searching and binning, embedding bags and
- * renormalisation.
+ * products, distances, searching and binning, embedding renormalisation
+ * (embedding bags are in lower_shape.c, with the other gathers and scatters).
  *
  * Conventions (see lower.h): arguments arrive in schema order; outputs have
  * the shapes and dtypes PyTorch's meta functions computed (n->outs).

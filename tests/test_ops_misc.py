@@ -182,6 +182,19 @@ def test_embedding_max_norm_renormalises_used_rows_in_place(norm_type):
     torch.testing.assert_close(wt.cpu()[[2, 4, 5, 6, 8, 9]], w[[2, 4, 5, 6, 8, 9]], rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_embedding_renorm_low_precision_scales_by_the_rounded_factor(dtype):
+    # the CPU kernel's row *= scale rounds the double factor to the weight's
+    # dtype first; the rule does too (bit-equal results)
+    w = (rnd(10, 5, scale=8)).to(dtype)
+    idx = torch.tensor([0, 1, 3, 3, 9])
+    for norm_type in (1.0, 2.0):
+        wc, wt = w.clone(), w.clone().to("tpu")
+        torch.embedding_renorm_(wc, idx, 1.0, norm_type)
+        torch.embedding_renorm_(wt, idx.to("tpu"), 1.0, norm_type)
+        assert torch.equal(wt.cpu(), wc)
+
+
 @pytest.mark.parametrize("pad", [(2, 3), (0, 4, 1, 2), (3, 0, 2, 1, 1, 1), (-1, 2)])
 def test_replication_pad_backward(pad):
     nd = len(pad) // 2

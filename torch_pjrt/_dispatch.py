@@ -277,6 +277,83 @@ def _eigh_post(vals, outs):
             "too many repeated eigenvalues (it contains non-finite values).")
 
 
+_LEGACY_TYPE = {
+    torch.float32: "Float", torch.float64: "Double", torch.float16: "Half", torch.bfloat16: "BFloat16",
+    torch.int64: "Long", torch.int32: "Int", torch.int16: "Short", torch.int8: "Char", torch.uint8: "Byte",
+    torch.bool: "Bool", torch.complex64: "ComplexFloat", torch.complex128: "ComplexDouble",
+}
+
+
+def _legacy_type(dt):
+    return f"torch.{_LEGACY_TYPE.get(dt, str(dt).replace('torch.', ''))}Tensor"
+
+
+def _meta_embedding_bag(forward_only):
+    """_embedding_bag / _embedding_bag_forward_only: the CPU kernel's checks
+    (in its order, with its messages) and output shapes.  PyTorch's meta
+    function gives CUDA's shapes off the CPU (and lacks some checks): on the
+    CPU offset2bag is empty on the "fast path" (mode sum, float32/float16/
+    bfloat16 weight with stride(1) == 1, no padding_idx, unit-stride
+    per_sample_weights), bag_size has one entry per bag (per offset for
+    forward_only in mode sum), max_indices is (bags, D) for max and shaped
+    like bag_size otherwise; the index outputs have the promoted dtype of
+    indices and offsets.  Values that need the data (offsets[0] == 0,
+    indices in range) are not checked on tpu."""
+    def meta(weight, indices, offsets, scale_grad_by_freq=False, mode=0, sparse=False,
+             per_sample_weights=None, include_last_offset=False, padding_idx=-1):
+        if indices.dim() not in (1, 2):
+            raise RuntimeError(f"input has to be a 1D or 2D Tensor, but got Tensor of dimension {indices.dim()}")
+        if indices.dim() == 1 and offsets.dim() != 1:
+            raise RuntimeError(f"offsets has to be a 1D Tensor, but got Tensor of dimension {offsets.dim()}")
+        if weight.dim() != 2:
+            raise RuntimeError(f"weight has to be a 2D Tensor, but got Tensor of dimension {weight.dim()}")
+        it = torch.promote_types(indices.dtype, offsets.dtype)
+        if it not in (torch.int64, torch.int32):
+            raise RuntimeError(
+                "Expected tensor for argument #1 'indices' to have one of the following scalar types: Long, Int; "
+                f"but got {_legacy_type(it)} instead (while checking arguments for embedding_bag)")
+        if weight.dtype not in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
+            raise RuntimeError(
+                "Expected tensor for argument #1 'weight' to have one of the following scalar types: Half, BFloat16, "
+                f"Float, Double; but got {_legacy_type(weight.dtype)} instead (while checking arguments for "
+                "embedding_bag)")
+        psw = per_sample_weights
+        if psw is not None:
+            if mode != 0:
+                raise RuntimeError("embedding_bag: per_sample_weights only supported with mode='sum'")
+            if psw.dtype != weight.dtype:
+                raise RuntimeError(
+                    "Expected tensor for argument #1 'weight' to have the same type as tensor for argument #1 "
+                    f"'per_sample_weights'; but type {_legacy_type(weight.dtype)} does not equal "
+                    f"{_legacy_type(psw.dtype)} (while checking arguments for embedding_bag)")
+            for cond in ("dim() == 1", "numel() == indices.numel()"):
+                ok = psw.dim() == 1 if cond.startswith("dim") else psw.numel() == indices.numel()
+                if not ok:
+                    raise RuntimeError(
+                        f"Expected per_sample_weights.value().{cond} to be true, but got false.  (Could this error "
+                        "message be improved?  If so, please report an enhancement request to PyTorch.)")
+        if include_last_offset and offsets.size(0) < 1:
+            raise RuntimeError("include_last_offset: number of offset should be at least 1")
+        if mode not in (0, 1, 2):
+            raise RuntimeError("`mode` must be sum, mean, or max.")
+        if indices.dim() != 1:
+            # F.embedding_bag flattens 2-D input itself; only a direct call gets here.
+            raise NotImplementedError(
+                "aten::_embedding_bag with 2-D indices is not supported on the tpu device (torch-pjrt); "
+                "F.embedding_bag and nn.EmbeddingBag flatten them")
+        num_bags = offsets.size(0) - (1 if include_last_offset else 0)
+        D = weight.size(1)
+        fast = (weight.dtype in (torch.float32, torch.float16, torch.bfloat16) and weight.stride(1) == 1
+                and padding_idx < 0 and (psw is None or psw.stride(0) == 1))
+        e = functools.partial(torch.empty, device="meta")
+        output = e((num_bags, D), dtype=weight.dtype)
+        offset2bag = e((0 if mode == 0 and fast else indices.size(0),), dtype=it)
+        bag_size = e((offsets.size(0) if forward_only and mode == 0 else num_bags,), dtype=it)
+        max_indices = e((num_bags, D) if mode == 2 else bag_size.shape, dtype=it)
+        return output, offset2bag, bag_size, max_indices
+    return meta
+
+
 def _like_self(self, *args, **kwargs):
     return torch.empty_like(self, memory_format=torch.contiguous_format)
 
@@ -285,11 +362,15 @@ def _no_outputs(*args, **kwargs):
     return ()  # "-> ()": the op writes its mutated arguments
 
 
-# Meta functions of ops that have none in PyTorch (called with meta tensors).
+# Meta functions of ops that have none in PyTorch, or whose PyTorch meta
+# function gives another device's shapes (embedding bags), called with meta
+# tensors.
 _PY_META = {
     "aten::geqrf": _meta_geqrf, "aten::linalg_lstsq": _meta_lstsq,
     "aten::_cummax_helper": _no_outputs, "aten::_cummin_helper": _no_outputs,
     "aten::_logcumsumexp": _like_self,
+    "aten::_embedding_bag": _meta_embedding_bag(False),
+    "aten::_embedding_bag_forward_only": _meta_embedding_bag(True),
     "aten::multi_margin_loss_backward": lambda grad_output, self, *a, **k: _like_self(self),
     "aten::multilabel_margin_loss_backward": lambda grad_output, self, *a, **k: _like_self(self),
 }

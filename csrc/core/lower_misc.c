@@ -1,6 +1,6 @@
 /* lower_misc.c - ops that fit no other family: outer-product and cross
- * products, distances, searching and binning, embedding bags and
- * renormalisation.
+ * products, distances, searching and binning, embedding renormalisation
+ * (embedding bags are in lower_shape.c, with the other gathers and scatters).
  *
  * Conventions (see lower.h): arguments arrive in schema order; outputs have
  * the shapes and dtypes PyTorch's meta functions computed (n->outs).
@@ -429,7 +429,7 @@ static void r_pdist_backward(tp_emit *e, const tp_node *n, tp_val *o) {
 /* embedding_renorm_(self!, indices, max_norm, norm_type) -> self: each row
  * of self named in indices whose norm_type-norm (in self's dtype) exceeds
  * max_norm is scaled by max_norm / (norm + 1e-7), the factor computed in
- * double as PyTorch's CPU kernel does. */
+ * double and then rounded to self's dtype, as PyTorch's CPU kernel does. */
 static void r_embedding_renorm(tp_emit *e, const tp_node *n, tp_val *o) {
   tp_val w0 = lw_value(e, n, 0);
   tp_type wt = *em_type(e, w0);
@@ -458,7 +458,8 @@ static void r_embedding_renorm(tp_emit *e, const tp_node *n, tp_val *o) {
   tp_val scale = em_binary(e, "stablehlo.divide", em_full(e, max_norm, &n64), add(e, nd, em_full(e, 1e-7, &n64)));
   tp_val hit = em_binary(e, "stablehlo.and", em_compare(e, "NE", used, em_full(e, 0, &nt)),
                          em_compare(e, "GT", nd, em_full(e, max_norm, &n64)));
-  tp_val f = em_select(e, hit, em_convert(e, scale, ct), em_full(e, 1, em_type(e, nrm)));
+  /* the kernel's row *= scale casts the (double) scale to self's dtype */
+  tp_val f = em_select(e, hit, em_convert(e, em_round_to(e, scale, wt.dt), ct), em_full(e, 1, em_type(e, nrm)));
   int64_t m0 = 0;
   tp_type wct = wt;
   wct.dt = ct;

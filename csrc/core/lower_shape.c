@@ -1,7 +1,8 @@
 /* lower_shape.c - ops that compute new tensors from indices and shapes:
  * concatenation, padding, flips and rolls, triangles, gathers and scatters
  * (index_select, gather, scatter*, advanced indexing and index_put,
- * index_add/copy/fill, masked_scatter, take/put, embedding backward), the
+ * index_add/copy/fill, masked_scatter, take/put, embedding backward,
+ * embedding bags and their gradients), the
  * *_scatter ops functionalization and view backward use, and the range
  * factories (arange, linspace, eye).
  *
@@ -1242,6 +1243,372 @@ static void r_as_strided_scatter(tp_emit *e, const tp_node *n, tp_val *o) {
   o[0] = reshape_to(e, em_scatter_flat(e, flatten(e, x), lin, src, NULL), &t);
 }
 
+/* ---- embedding bags --------------------------------------------------------------------------- */
+
+/* _embedding_bag and _embedding_bag_forward_only give the four outputs of
+ * PyTorch's CPU kernels (aten/src/ATen/native/EmbeddingBag.cpp) with static
+ * shapes: the number of bags is offsets' length, and which bag each index
+ * belongs to is computed in the program.  The output shapes come from
+ * _dispatch.py (_meta_embedding_bag), which follows the CPU kernel's "fast
+ * path" (mode sum, a float32/float16/bfloat16 weight with unit-stride rows,
+ * no padding_idx, unit-stride per_sample_weights): offset2bag is empty there.
+ *
+ * What the CPU kernels compute, and so the rules:
+ * - offset2bag[i] = #{k : offsets[k] <= i} - 1 over the offsets that start a
+ *   bag (all but the last with include_last_offset): index_add of ones,
+ *   minus one, cumsum.  With include_last_offset, indices after
+ *   offsets[-1] therefore belong to the last bag -- except on the fast path
+ *   of sum and mean (no padding_idx, float32/float16/bfloat16), which reads
+ *   bag b as indices[offsets[b]:offsets[b+1]] and leaves them out.
+ * - sum: accumulated in float32 for float16/bfloat16 (float64 for float64),
+ *   rounded once (on the fast path, bfloat16 with ties away from zero, as
+ *   fbgemm rounds); mean: that rounded sum divided by max(bag_size, 1) in the
+ *   weight's dtype.  Entries equal to padding_idx take no part.
+ * - max: per column the first maximum of the bag (an element replaces the
+ *   running maximum only when strictly greater, so a NaN wins only in first
+ *   place); empty bags give 0 and max index 0.
+ * - bag_size[b] = offsets[b+1] - offsets[b] (the last: numel - offsets[B-1])
+ *   minus the bag's padding entries; all zeros for sum (the kernel zeroes
+ *   it).  max_indices: the maximum's row (max), bag_size (mean), zeros (sum).
+ *
+ * Rules do not see strides: a weight with strided rows (stride(1) != 1) takes
+ * the CPU's slow path, which differs from the fast path only for mean with
+ * include_last_offset and indices after offsets[-1]; the rule assumes the
+ * fast path there (for sum, offset2bag's shape says which path the CPU took).
+ * Indices are not checked: out of range ones are clamped. */
+
+enum { BAG_SUM = 0, BAG_MEAN = 1, BAG_MAX = 2 };
+
+/* 1-D slice [a, b) of a 1-D value. */
+static tp_val slice1(tp_emit *e, tp_val x, int64_t a, int64_t b) { return em_slice(e, x, &a, &b, NULL); }
+
+static tp_val bool_to_i64(tp_emit *e, tp_val b) { return to_i64(e, em_convert(e, b, TP_U8)); }
+
+/* offset2bag (L, i64) from the first k offsets (i64), as make_offset2bag. */
+static tp_val bag_offset2bag(tp_emit *e, tp_val off, int64_t k, int64_t L) {
+  int64_t L1 = L + 1;
+  tp_type ct = tp_type_make(TP_I64, 1, &L1);
+  tp_val cnt = em_full(e, 0, &ct);
+  if (k > 0) {
+    tp_type kt = tp_type_make(TP_I64, 1, &k);
+    cnt = em_scatter_flat(e, cnt, slice1(e, off, 0, k), em_full(e, 1, &kt), "stablehlo.add");
+  }
+  tp_val cs = slice1(e, prefix_sum(e, cnt), 0, L);
+  return sub(e, cs, ki_like(e, cs, 1));
+}
+
+/* float32 x rounded to bfloat16 values with ties away from zero (type
+ * kept): fbgemm's float -> bfloat16 conversion, which the CPU fast path's
+ * bfloat16 results go through ((bits + 0x8000) >> 16). */
+static tp_val round_bf16_ties_away(tp_emit *e, tp_val x) {
+  tp_type t = *em_type(e, x), ut = t;
+  ut.dt = TP_U32;
+  tp_val b = add(e, em_bitcast(e, x, &ut), em_full(e, 32768, &ut));
+  b = em_binary(e, "stablehlo.and", b, em_bcast_in_dim(e, em_const_i(e, 0xFFFF0000LL, TP_U32), &ut, NULL));
+  return em_bitcast(e, b, &t);
+}
+
+/* Rows idx (L, i64) of the 2-D x: (L, D), indices clamped into range. */
+static tp_val bag_rows(tp_emit *e, const tp_node *n, tp_val x, tp_val idx) {
+  int64_t l2[2] = {em_type(e, idx)->dims[0], 1};
+  int dims[1] = {0};
+  return gather_nd(e, n, x, em_reshape(e, idx, 2, l2), dims, 1, 0);
+}
+
+/* Linear element indices (L, D) of (row[j], d) in an (R, D) matrix; a row
+ * outside [0, R) gives an out-of-range index, which a scatter drops. */
+static tp_val bag_lin(tp_emit *e, tp_val row, int64_t R, int64_t D) {
+  if (em_failed(e)) return -1;
+  int64_t L = em_type(e, row)->dims[0], ld[2] = {L, D}, m0 = 0, dims[2] = {R, D};
+  tp_type lt = tp_type_make(TP_I64, 2, ld);
+  tp_val coord[2] = {em_bcast_in_dim(e, row, &lt, &m0), em_iota(e, &lt, 1)};
+  int check[2] = {1, 0};
+  return linearize(e, coord, check, 2, dims);
+}
+
+/* bag_size (B, i64) of mean and max: offsets[b+1] - offsets[b], the last
+ * L - offsets[B-1], minus the padding entries of each bag. */
+static tp_val bag_sizes(tp_emit *e, tp_val off, int64_t B, int64_t L, tp_val idx, tp_val bag, int64_t pad) {
+  int64_t one = 1;
+  tp_type t1 = tp_type_make(TP_I64, 1, &one), bt = tp_type_make(TP_I64, 1, &B);
+  tp_val end = em_full(e, (double)L, &t1);
+  if (B > 1) {
+    tp_val parts[2] = {slice1(e, off, 1, B), end};
+    end = em_concat(e, parts, 2, 0);
+  }
+  tp_val bs = sub(e, end, slice1(e, off, 0, B));
+  if (pad >= 0 && L > 0) {
+    tp_val ispad = bool_to_i64(e, em_compare(e, "EQ", idx, ki_like(e, idx, pad)));
+    bs = sub(e, bs, em_scatter_flat(e, em_full(e, 0, &bt), bag, ispad, "stablehlo.add"));
+  }
+  return bs;
+}
+
+/* The first maximum of each column of each bag: values (B, D) in vals'
+ * dtype and the rows (indices) they came from (B, D, i64).  vals (L, D): the
+ * gathered rows; bag (L): each entry's bag, outside [0, B) for none. */
+static void bag_max(tp_emit *e, tp_val vals, tp_val bag, tp_val idx, int64_t B, tp_val *val, tp_val *row) {
+  tp_type vt = *em_type(e, vals);
+  int64_t L = vt.dims[0], D = vt.dims[1], BD = B * D, LD = L * D, bd[2] = {B, D}, m0 = 0;
+  tp_type lit = tp_type_make(TP_I64, 2, vt.dims), l1 = tp_type_make(TP_I64, 1, &L);
+  tp_type bdf = tp_type_make(vt.dt, 1, &BD), bdi = tp_type_make(TP_I64, 1, &BD);
+  tp_type b2 = tp_type_make(TP_I64, 2, bd), v2 = tp_type_make(vt.dt, 2, bd), bt = tp_type_make(TP_I64, 1, &B);
+  tp_val lin = bag_lin(e, bag, B, D);
+  tp_val member = em_compare(e, "LT", lin, em_full(e, (double)BD, &lit));
+  /* the bag's largest non-NaN value (XLA's scatter max would drop NaNs) */
+  tp_val clean = em_select(e, em_compare(e, "NE", vals, vals), em_full(e, -INFINITY, &vt), vals);
+  tp_val m = em_scatter_flat(e, em_full(e, -INFINITY, &bdf), lin, clean, "stablehlo.maximum");
+  /* its first position (equal values: -0 and 0 too), and each bag's first entry */
+  tp_val at = em_binary(e, "stablehlo.and", member, em_compare(e, "EQ", vals, em_gather_flat(e, m, lin)));
+  tp_val cand = em_select(e, at, em_iota(e, &lit, 0), em_full(e, (double)L, &lit));
+  tp_val jmax = em_scatter_flat(e, em_full(e, (double)L, &bdi), lin, cand, "stablehlo.minimum");
+  tp_val inbag = em_binary(e, "stablehlo.and", em_compare(e, "GE", bag, ki_like(e, bag, 0)),
+                           em_compare(e, "LT", bag, ki_like(e, bag, B)));
+  tp_val first = em_scatter_flat(e, em_full(e, (double)L, &bt), em_select(e, inbag, bag, ki_like(e, bag, B)),
+                                 em_iota(e, &l1, 0), "stablehlo.minimum");
+  tp_val fb = em_bcast_in_dim(e, first, &b2, &m0), col = em_iota(e, &b2, 1), dd = em_full(e, (double)D, &b2);
+  tp_val vflat = em_reshape(e, vals, 1, &LD);
+  tp_val fv = em_gather_flat(e, vflat, add(e, mul(e, fb, dd), col));
+  /* a NaN in first place stays the maximum */
+  tp_val j = em_select(e, em_compare(e, "NE", fv, fv), fb, em_reshape(e, jmax, 2, bd));
+  tp_val empty = em_compare(e, "EQ", fb, em_full(e, (double)L, &b2));
+  *val = em_select(e, empty, em_full(e, 0, &v2), em_gather_flat(e, vflat, add(e, mul(e, j, dd), col)));
+  *row = em_select(e, empty, em_full(e, 0, &b2), em_gather_flat(e, idx, j));
+}
+
+/* _embedding_bag / _embedding_bag_forward_only(weight, indices, offsets,
+ * scale_grad_by_freq, mode, sparse, per_sample_weights?, include_last_offset,
+ * padding_idx) -> (output, offset2bag, bag_size, max_indices) */
+static void r_embedding_bag(tp_emit *e, const tp_node *n, tp_val *o) {
+  tp_val w = lw_value(e, n, 0), idx = lw_value(e, n, 1), off = lw_value(e, n, 2);
+  if (em_failed(e)) return;
+  tp_type wt = *em_type(e, w);
+  int64_t mode = lw_int(n, 4, BAG_SUM), pad = lw_int(n, 8, -1);
+  int ilo = lw_bool(n, 7, 0), has_psw = lw_arg(n, 6)->kind == TP_ARG_TENSOR;
+  if (n->nouts != 4 || wt.rank != 2 || !tp_dtype_is_float(wt.dt) || em_type(e, idx)->rank != 1 ||
+      em_type(e, off)->rank != 1 || mode < BAG_SUM || mode > BAG_MAX || (has_psw && mode != BAG_SUM)) {
+    o[0] = em_fail(e, TP_INVALID_ARGUMENT,
+                   "%s: expected a 2-D floating-point weight, 1-D indices and offsets, mode 0, 1 or 2, and "
+                   "per_sample_weights only with mode 0",
+                   n->op);
+    return;
+  }
+  tp_dtype dt = wt.dt, ct = lw_opmath(dt);
+  const tp_type *ot = &n->outs[0];
+  int64_t D = wt.dims[1], L = em_type(e, idx)->dims[0], O = em_type(e, off)->dims[0], B = ot->dims[0];
+  if (B != O - ilo) {
+    o[0] = em_fail(e, TP_INTERNAL, "%s: unexpected output shape", n->op);
+    return;
+  }
+  idx = to_i64(e, idx);
+  off = to_i64(e, off);
+  int fast = mode != BAG_MAX && pad < 0 && (dt == TP_F32 || dt == TP_F16 || dt == TP_BF16) &&
+             (mode == BAG_MEAN || tp_type_numel(&n->outs[1]) == 0);
+  /* each index's bag (-1 before offsets[0]; B when it takes no part) */
+  tp_val bag = -1, row_of = -1;
+  if (L > 0) {
+    bag = bag_offset2bag(e, off, ilo ? O - 1 : O, L);
+    tp_type lb = tp_type_make(TP_BOOL, 1, &L);
+    tp_val keep = em_full(e, 1, &lb);
+    if (pad >= 0) keep = em_compare(e, "NE", idx, ki_like(e, idx, pad));
+    if (fast && ilo) { /* the fast path stops at offsets[-1] */
+      tp_type li = tp_type_make(TP_I64, 1, &L);
+      tp_val last = em_bcast_in_dim(e, em_reshape(e, slice1(e, off, O - 1, O), 0, NULL), &li, NULL);
+      keep = em_binary(e, "stablehlo.and", keep, em_compare(e, "LT", em_iota(e, &li, 0), last));
+    }
+    row_of = em_select(e, keep, bag, ki_like(e, bag, B));
+  }
+  tp_val bs = B > 0 && mode != BAG_SUM ? bag_sizes(e, off, B, L, idx, bag, pad) : -1;
+  tp_val out, maxrow = -1;
+  if (B * D == 0 || L == 0) {
+    out = em_full(e, 0, ot);
+  } else if (mode == BAG_MAX) {
+    tp_val vals = em_convert(e, bag_rows(e, n, w, idx), ct);
+    bag_max(e, vals, row_of, idx, B, &out, &maxrow);
+    out = em_convert(e, out, dt);
+  } else {
+    tp_val rows = em_convert(e, bag_rows(e, n, w, idx), ct); /* (L, D) */
+    if (has_psw) {
+      int64_t m0 = 0;
+      rows = mul(e, rows, em_bcast_in_dim(e, lw_tensor(e, n, 6, ct), em_type(e, rows), &m0));
+    }
+    tp_type st = lw_out_as(n, 0, ct);
+    tp_val sum = scatter_core(e, em_full(e, 0, &st), bag_lin(e, row_of, B, D), rows, RED_SUM, 1);
+    sum = fast && dt == TP_BF16 ? round_bf16_ties_away(e, sum) : em_round_to(e, sum, dt);
+    if (mode == BAG_MEAN) {
+      /* output /= max(bag_size, 1) converted to the weight's dtype */
+      tp_val cnt = em_convert(e, em_binary(e, "stablehlo.maximum", bs, ki_like(e, bs, 1)), ct);
+      int64_t m0 = 0;
+      sum = em_binary(e, "stablehlo.divide", sum, em_bcast_in_dim(e, em_round_to(e, cnt, dt), &st, &m0));
+    }
+    out = em_convert(e, sum, dt);
+  }
+  o[0] = out;
+  o[1] = tp_type_numel(&n->outs[1]) == 0 ? em_full(e, 0, &n->outs[1]) : em_convert(e, bag, n->outs[1].dt);
+  o[2] = bs < 0 ? em_full(e, 0, &n->outs[2]) : em_convert(e, bs, n->outs[2].dt);
+  if (mode == BAG_MAX)
+    o[3] = maxrow < 0 ? em_full(e, 0, &n->outs[3]) : em_convert(e, maxrow, n->outs[3].dt);
+  else
+    o[3] = bs < 0 ? em_full(e, 0, &n->outs[3]) : em_convert(e, bs, n->outs[3].dt);
+}
+
+/* The divisor scale_grad_by_freq applies to entry j in PyTorch's CPU
+ * _embedding_bag_dense_backward: counts[sorted[r]], r the rank of
+ * indices[j] among the distinct indices, sorted the sorted indices and
+ * counts the occurrences of each index (padding included).  The kernel
+ * reads counts[indices_sorted[i]] with i the distinct value's rank rather
+ * than its position (for indices [1, 1, 2] index 2's gradient is halved);
+ * the rule gives the same values.  (L, i64) */
+static tp_val bag_freq_divisor(tp_emit *e, tp_val idx, int64_t NW) {
+  int64_t L = em_type(e, idx)->dims[0], L1 = L + 1;
+  tp_type nt = tp_type_make(TP_I64, 1, &NW), lt = tp_type_make(TP_I64, 1, &L), l1 = tp_type_make(TP_I64, 1, &L1);
+  tp_val counts = em_scatter_flat(e, em_full(e, 0, &nt), idx, em_full(e, 1, &lt), "stablehlo.add");
+  tp_val present = bool_to_i64(e, em_compare(e, "GT", counts, em_full(e, 0, &nt)));
+  tp_val rank = sub(e, prefix_sum(e, present), present); /* distinct indices below each */
+  tp_val cum = prefix_sum(e, counts);                     /* entries <= each index */
+  /* sorted[k] = #{u : cum[u] <= k} */
+  tp_val hist = em_scatter_flat(e, em_full(e, 0, &l1), cum, em_full(e, 1, &nt), "stablehlo.add");
+  tp_val sorted = slice1(e, prefix_sum(e, hist), 0, L);
+  return em_gather_flat(e, counts, em_gather_flat(e, sorted, em_gather_flat(e, rank, idx)));
+}
+
+/* The weight's gradient (num_weights, D) of an embedding bag, from the
+ * arguments at positions at[]: grad, indices, offsets (-1: none),
+ * offset2bag, bag_size, maximum_indices, scale_grad_by_freq, mode,
+ * per_sample_weights, padding_idx.  As PyTorch's CPU
+ * _embedding_bag_dense_backward:
+ * max: grad[b, d] goes to row maximum_indices[b, d] for bags with bag_size != 0.
+ * sum/mean: grad[offset2bag[j]] * scale_j goes to row indices[j] (padding
+ * entries skipped), scale_j computed in double as the kernel does --
+ * per_sample_weights[j], / the frequency divisor, / bag_size (mean, when not
+ * 0) -- then cast to the gradient's dtype.  Sums in float32 for
+ * float16/bfloat16, rounded once (the CPU kernel rounds every addition).
+ * An empty offset2bag (the forward's fast path) is recomputed from all the
+ * offsets, as _embedding_bag_backward does. */
+enum { BW_GRAD, BW_IDX, BW_OFF, BW_O2B, BW_BS, BW_MAXI, BW_SGBF, BW_MODE, BW_PSW, BW_PAD };
+
+static void bag_dense_backward(tp_emit *e, const tp_node *n, tp_val *o, const int *at) {
+  const tp_type *ot = OUT0;
+  tp_dtype dt = ot->dt, ct = lw_opmath(dt);
+  int64_t mode = lw_int(n, at[BW_MODE], BAG_SUM), pad = lw_int(n, at[BW_PAD], -1);
+  int sgbf = lw_bool(n, at[BW_SGBF], 0), has_psw = lw_arg(n, at[BW_PSW])->kind == TP_ARG_TENSOR;
+  tp_val g = lw_tensor(e, n, at[BW_GRAD], ct), bs = lw_value(e, n, at[BW_BS]);
+  if (em_failed(e)) return;
+  tp_type gt = *em_type(e, g);
+  if (ot->rank != 2 || gt.rank != 2 || gt.dims[1] != ot->dims[1] || em_type(e, bs)->rank != 1 ||
+      em_type(e, bs)->dims[0] != gt.dims[0] || mode < BAG_SUM || mode > BAG_MAX) {
+    o[0] = em_fail(e, TP_INVALID_ARGUMENT, "%s: unexpected argument shapes", n->op);
+    return;
+  }
+  int64_t NW = ot->dims[0], D = ot->dims[1], B = gt.dims[0];
+  tp_val zero = em_full(e, 0, ot);
+  bs = to_i64(e, bs);
+  if (NW * D == 0 || B == 0) {
+    o[0] = zero;
+    return;
+  }
+  if (mode == BAG_MAX) {
+    tp_val mi = lw_value(e, n, at[BW_MAXI]);
+    if (em_failed(e)) return;
+    if (em_type(e, mi)->rank != 2 || em_type(e, mi)->dims[0] != B || em_type(e, mi)->dims[1] != D) {
+      o[0] = em_fail(e, TP_INVALID_ARGUMENT, "%s: maximum_indices must have the gradient's shape", n->op);
+      return;
+    }
+    int64_t bd[2] = {B, D}, m0 = 0, dims[2] = {NW, D};
+    tp_type b2 = tp_type_make(TP_I64, 2, bd), bb = tp_type_make(TP_BOOL, 2, bd);
+    tp_val nonempty = em_bcast_in_dim(e, em_compare(e, "NE", bs, ki_like(e, bs, 0)), &bb, &m0);
+    tp_val coord[2] = {em_select(e, nonempty, to_i64(e, mi), em_full(e, (double)NW, &b2)), em_iota(e, &b2, 1)};
+    int check[2] = {1, 0};
+    o[0] = scatter_core(e, zero, linearize(e, coord, check, 2, dims), g, RED_SUM, 1);
+    return;
+  }
+  tp_val idx = flatten(e, to_i64(e, lw_value(e, n, at[BW_IDX]))), o2b = lw_value(e, n, at[BW_O2B]);
+  if (em_failed(e)) return;
+  int64_t L = em_type(e, idx)->dims[0];
+  if (L == 0) {
+    o[0] = zero;
+    return;
+  }
+  if (tp_type_numel(em_type(e, o2b)) == 0 && at[BW_OFF] >= 0) {
+    tp_val off = flatten(e, to_i64(e, lw_value(e, n, at[BW_OFF])));
+    o2b = bag_offset2bag(e, off, em_type(e, off)->dims[0], L);
+  } else {
+    o2b = flatten(e, to_i64(e, o2b));
+  }
+  if (em_failed(e)) return;
+  if (em_type(e, o2b)->dims[0] != L) {
+    o[0] = em_fail(e, TP_INVALID_ARGUMENT, "%s: offset2bag must have one entry per index", n->op);
+    return;
+  }
+  tp_type l64 = tp_type_make(TP_F64, 1, &L);
+  tp_val scale = has_psw ? em_convert(e, flatten(e, lw_value(e, n, at[BW_PSW])), TP_F64) : em_full(e, 1, &l64);
+  if (sgbf) scale = em_binary(e, "stablehlo.divide", scale, em_convert(e, bag_freq_divisor(e, idx, NW), TP_F64));
+  if (mode == BAG_MEAN) {
+    tp_val b = em_gather_flat(e, bs, em_clamp(e, em_const_i(e, 0, TP_I64), o2b, em_const_i(e, B - 1, TP_I64)));
+    scale = em_select(e, em_compare(e, "NE", b, ki_like(e, b, 0)),
+                      em_binary(e, "stablehlo.divide", scale, em_convert(e, b, TP_F64)), scale);
+  }
+  scale = em_convert(e, em_round_to(e, scale, dt), ct); /* (scalar_t)scale */
+  int64_t m0 = 0;
+  tp_val rows = bag_rows(e, n, g, o2b);
+  rows = mul(e, rows, em_bcast_in_dim(e, scale, em_type(e, rows), &m0));
+  tp_val row = em_select(e, em_compare(e, "NE", idx, ki_like(e, idx, pad)), idx, ki_like(e, idx, NW));
+  o[0] = scatter_core(e, zero, bag_lin(e, row, NW, D), rows, RED_SUM, 1);
+}
+
+/* _embedding_bag_dense_backward(grad, indices, offset2bag, bag_size, maximum_indices,
+ * num_weights, scale_grad_by_freq, mode, per_sample_weights?, padding_idx) */
+static void r_embedding_bag_dense_backward(tp_emit *e, const tp_node *n, tp_val *o) {
+  static const int at[] = {0, 1, -1, 2, 3, 4, 6, 7, 8, 9};
+  bag_dense_backward(e, n, o, at);
+}
+
+/* _embedding_bag_backward(grad, indices, offsets, offset2bag, bag_size, maximum_indices,
+ * num_weights, scale_grad_by_freq, mode, sparse, per_sample_weights?, padding_idx):
+ * what autograd calls; the dense gradient (sparse ones are not supported). */
+static void r_embedding_bag_backward(tp_emit *e, const tp_node *n, tp_val *o) {
+  static const int at[] = {0, 1, 2, 3, 4, 5, 7, 8, 10, 11};
+  if (lw_bool(n, 9, 0)) {
+    o[0] = em_fail(e, TP_UNIMPLEMENTED,
+                   "embedding_bag with sparse=True: sparse gradients are not supported on the tpu device "
+                   "(torch-pjrt); use sparse=False (a dense gradient)");
+    return;
+  }
+  bag_dense_backward(e, n, o, at);
+}
+
+/* _embedding_bag_per_sample_weights_backward(grad, weight, indices, offsets,
+ * offset2bag, mode, padding_idx) -> (L): the dot product of grad[offset2bag[j]]
+ * and weight[indices[j]] (0 for padding entries), in float32 for
+ * float16/bfloat16.  An empty offset2bag (the forward's fast path) is
+ * recomputed from all the offsets, as the kernel does. */
+static void r_embedding_bag_psw_backward(tp_emit *e, const tp_node *n, tp_val *o) {
+  const tp_type *ot = OUT0;
+  tp_dtype dt = ot->dt, ct = lw_opmath(dt);
+  tp_val g = lw_tensor(e, n, 0, ct), w = lw_tensor(e, n, 1, ct);
+  tp_val idx = lw_value(e, n, 2), off = lw_value(e, n, 3), o2b = lw_value(e, n, 4);
+  int64_t pad = lw_int(n, 6, -1);
+  if (em_failed(e)) return;
+  tp_type gt = *em_type(e, g), wt = *em_type(e, w);
+  if (gt.rank != 2 || wt.rank != 2 || gt.dims[1] != wt.dims[1] || em_type(e, idx)->rank != 1 ||
+      em_type(e, off)->rank != 1) {
+    o[0] = em_fail(e, TP_INVALID_ARGUMENT, "%s: unexpected argument shapes", n->op);
+    return;
+  }
+  int64_t L = em_type(e, idx)->dims[0], O = em_type(e, off)->dims[0], B = gt.dims[0], D = gt.dims[1];
+  if (L == 0 || B == 0 || D == 0 || wt.dims[0] == 0) {
+    o[0] = em_full(e, 0, ot);
+    return;
+  }
+  idx = to_i64(e, idx);
+  o2b = tp_type_numel(em_type(e, o2b)) == 0 ? bag_offset2bag(e, to_i64(e, off), O, L) : flatten(e, to_i64(e, o2b));
+  int64_t one = 1;
+  tp_val prod = mul(e, bag_rows(e, n, g, o2b), bag_rows(e, n, w, idx));
+  tp_val dot = em_reduce(e, prod, em_const(e, 0, ct), &one, 1, "stablehlo.add");
+  dot = em_select(e, em_compare(e, "NE", idx, ki_like(e, idx, pad)), dot, lw_full_like(e, dot, 0));
+  o[0] = em_convert(e, dot, dt);
+}
+
 /* ---- range factories (out= overloads: the output type comes from `out`) ------------------------- */
 
 static void r_arange_out(tp_emit *e, const tp_node *n, tp_val *o) {
@@ -1326,6 +1693,11 @@ const tp_lower_entry tp_lower_shape[] = {
     {"aten::put", r_put},
     {"aten::embedding", r_embedding},
     {"aten::embedding_dense_backward", r_embedding_dense_backward},
+    {"aten::_embedding_bag", r_embedding_bag},
+    {"aten::_embedding_bag_forward_only", r_embedding_bag},
+    {"aten::_embedding_bag_backward", r_embedding_bag_backward},
+    {"aten::_embedding_bag_dense_backward", r_embedding_bag_dense_backward},
+    {"aten::_embedding_bag_per_sample_weights_backward", r_embedding_bag_psw_backward},
     {"aten::scatter.src", r_scatter},
     {"aten::scatter.value", r_scatter},
     {"aten::scatter.reduce", r_scatter_legacy_reduce},

@@ -811,3 +811,27 @@ def test_multilabel_margin_loss_refused_not_wrong():
                                    F.multilabel_margin_loss(inp, tgt))
     finally:
         torch_pjrt.set_cpu_fallback(False)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("reduction", ["sum", "none"])
+def test_linear_cross_entropy_chunked_accumulates_in_float32(dtype, reduction):
+    """The chunked path picks its accumulation dtype by device type; on tpu it
+    is float32, as on CPU and CUDA, not the input's dtype (which puts the
+    bfloat16 per-sample losses below 15% off)."""
+    from torch.nn import LinearCrossEntropyOptions
+
+    assert LinearCrossEntropyOptions()._adjust(num_batches=16, in_features=8, num_classes=32, dtype=dtype,
+                                               device=torch.device("tpu")).acc_dtype == torch.float32
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(16, 8, generator=g).to(dtype)
+    w = (torch.randn(32, 8, generator=g) * 3).to(dtype)
+    b = (torch.randn(32, generator=g) * 4).to(dtype)
+    t = torch.randint(0, 32, (16,), generator=g)
+    opts = LinearCrossEntropyOptions(batch_chunk_size=4)
+    ref = F.linear_cross_entropy(x.double(), w.double(), t, linear_bias=b.double(), reduction=reduction)
+    got = F.linear_cross_entropy(x.to("tpu"), w.to("tpu"), t.to("tpu"), linear_bias=b.to("tpu"),
+                                 reduction=reduction, options=opts)
+    cpu = F.linear_cross_entropy(x, w, t, linear_bias=b, reduction=reduction, options=opts)
+    torch.testing.assert_close(got.cpu().double(), ref, rtol=2e-2, atol=1e-3)
+    torch.testing.assert_close(got.cpu(), cpu, rtol=2e-2, atol=1e-3)

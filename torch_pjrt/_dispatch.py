@@ -1018,6 +1018,29 @@ def install():
         for name in ("_copy_from", "_copy_from_and_resize"):
             impl.impl(name, torch.library.fallthrough_kernel, key)
     _impl_lib = impl
+    _accelerator_policies()
+
+
+def _accelerator_policies():
+    """PyTorch code that picks an algorithm by device type and knows only
+    "cpu" and "cuda" treats "tpu" as a device without mixed precision: the
+    chunked F.linear_cross_entropy then accumulates float16/bfloat16 logits
+    in their own dtype (6% off on small losses).  TPUs multiply bfloat16 with
+    float32 accumulation, as the XLA CPU backend does, so "tpu" gets what
+    CUDA gets: float32 accumulation."""
+    try:
+        from torch.nn.modules.linear_cross_entropy_options import LinearCrossEntropyOptions as opts
+    except ImportError:  # an older torch without the chunked path
+        return
+    resolve = opts._resolve_auto_acc_dtype
+
+    def resolve_auto_acc_dtype(dtype, device):
+        if device is not None and device.type == "tpu" and dtype in (torch.float16, torch.bfloat16):
+            return torch.float32
+        return resolve(dtype, device)
+
+    if getattr(resolve, "__name__", "") != "resolve_auto_acc_dtype":
+        opts._resolve_auto_acc_dtype = staticmethod(resolve_auto_acc_dtype)
 
 
 def _kernel(op):

@@ -1258,7 +1258,11 @@ static void r_lstsq(tp_emit *e, const tp_node *n, tp_val *o) {
  * Taylor polynomial (truncation error below 1/19! ~ 8e-18, so exact in f64),
  * then s squarings (s per matrix; the loop runs to the largest s). */
 static void r_matrix_exp(tp_emit *e, const tp_node *n, tp_val *o) {
-  if (!check_float(e, n, 0)) return;
+  /* float16/bfloat16 too, computed in f64 like the others and rounded once.
+   * (PyTorch's CPU kernel gets them wrong, NaN or far off: it reads its
+   * double coefficient tables as f16/bf16.  CUDA computes them.) */
+  tp_dtype d = lw_dtype(e, n, 0);
+  if (d != TP_F16 && d != TP_BF16 && !check_float(e, n, 0)) return;
   int64_t B, m, k;
   tp_val A = mat_arg(e, n, 0, &B, &m, &k);
   if (m != k) {

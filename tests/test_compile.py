@@ -59,14 +59,19 @@ def test_unsupported_op_runs_eagerly_with_warning():
 
     x = torch.randn(4, 4)
     torch_pjrt.set_cpu_fallback(True)
+    before = torch_pjrt.metrics()
     try:
         with warnings.catch_warnings(record=True) as w:
             warnings.simplefilter("always")
             out = torch.compile(f, backend="tpu")(x.to("tpu"))
     finally:
         torch_pjrt.set_cpu_fallback(False)
+    after = torch_pjrt.metrics()
     torch.testing.assert_close(out.cpu(), f(x), rtol=1e-5, atol=1e-5)
     assert any("eagerly" in str(x.message) and "linalg_eig" in str(x.message) for x in w)
+    # metrics() counts every such graph (the warning comes once per cause)
+    assert after["graphs_eager"] == before["graphs_eager"] + 1
+    assert after["graphs_lowered"] == before["graphs_lowered"]
 
 
 def test_recompile_warning_names_the_input():
@@ -108,7 +113,7 @@ def test_metrics_report():
     torch_pjrt.metrics()
     rep = torch_pjrt.metrics_report()
     for key in ("compiles", "compile_seconds", "cache_hits", "disk_hits", "executions", "h2d_bytes",
-                "d2h_transfers", "cpu_fallbacks"):
+                "d2h_transfers", "graphs_lowered", "graphs_eager", "cpu_fallbacks"):
         assert key in rep
 
 

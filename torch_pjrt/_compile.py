@@ -370,12 +370,24 @@ def _foreach_target(base, ovl):
 
 
 _warned = set()
+_graph_counts = {"graphs_lowered": 0, "graphs_eager": 0}  # AOTAutograd graphs, by how they run
+
+
+def graph_counts():
+    """{"graphs_lowered": graphs compiled to one program, "graphs_eager":
+    graphs that run op by op because they hold something compiled mode cannot
+    lower}; the warning names the cause only once per process, these count
+    every graph."""
+    with _lock:
+        return dict(_graph_counts)
 
 
 def _compile_graph(gm, example_inputs):
     try:
         prog = GraphProgram(gm, example_inputs)
     except Unsupported as e:
+        with _lock:
+            _graph_counts["graphs_eager"] += 1
         key = str(e)
         if key not in _warned:
             _warned.add(key)
@@ -384,6 +396,9 @@ def _compile_graph(gm, example_inputs):
         from functorch.compile import make_boxed_func
 
         return make_boxed_func(gm.forward)
+
+    with _lock:
+        _graph_counts["graphs_lowered"] += 1
 
     def run(args):  # boxed calling convention: AOTAutograd passes one list
         inputs = list(args)

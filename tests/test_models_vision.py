@@ -83,6 +83,39 @@ def test_resnet_compiled_matches_cpu():
     torch.testing.assert_close(out.cpu(), ref, rtol=RTOL, atol=ATOL)
 
 
+def test_resnet_whole_training_step_compiled():
+    """forward, backward and the momentum-SGD step in one compiled function
+    (BatchNorm running statistics and momentum buffers mutated in it)."""
+    cfg = resnet.ResNetConfig()
+
+    def run(device, compile_step):
+        torch.manual_seed(0)
+        m = resnet.ResNet(cfg).to(device)
+        opt = torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9)
+
+        def step(x, y):
+            _, loss = m(x, y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            return loss
+
+        if compile_step:
+            step = torch.compile(step, backend="tpu")
+        g = torch.Generator().manual_seed(0)
+        losses = []
+        for _ in range(3):
+            x, y = resnet.get_batch(cfg, 4, g)
+            losses.append(step(x.to(device), y.to(device)).item())
+        return m, losses
+
+    mc, cpu = run("cpu", False)
+    with all_graphs_lowered():
+        mt, tpu = run("tpu", True)
+    _close_losses(tpu, cpu)
+    _close_state(mt, mc)
+
+
 # --------------------------------------------------------------------------
 # UNet
 

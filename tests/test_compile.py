@@ -59,14 +59,19 @@ def test_unsupported_op_runs_eagerly_with_warning():
 
     x = torch.randn(4, 4)
     torch_pjrt.set_cpu_fallback(True)
+    before = torch_pjrt.metrics()
     try:
         with warnings.catch_warnings(record=True) as w:
             warnings.simplefilter("always")
             out = torch.compile(f, backend="tpu")(x.to("tpu"))
     finally:
         torch_pjrt.set_cpu_fallback(False)
+    after = torch_pjrt.metrics()
     torch.testing.assert_close(out.cpu(), f(x), rtol=1e-5, atol=1e-5)
     assert any("eagerly" in str(x.message) and "linalg_eig" in str(x.message) for x in w)
+    # metrics() counts every such graph (the warning comes once per cause)
+    assert after["graphs_eager"] == before["graphs_eager"] + 1
+    assert after["graphs_lowered"] == before["graphs_lowered"]
 
 
 def test_recompile_warning_names_the_input():
@@ -82,6 +87,47 @@ def test_recompile_warning_names_the_input():
     msgs = [str(x.message) for x in w if "compiled" in str(x.message) and "torch-pjrt" in str(x.message)]
     assert msgs, "no recompile warning"
     assert "x" in msgs[-1] and "->" in msgs[-1]
+
+
+def test_new_input_shape_recompiles_static():
+    """A second input shape gives a second static-shape program, as with
+    dynamic=False: Dynamo's automatic dynamic shapes (a graph with SymInt
+    sizes on the recompile) would leave the graph to run op by op."""
+    def f(x, w):
+        return torch.relu(x @ w).sum(0)
+
+    cf = torch.compile(f, backend="tpu")
+    w = torch.randn(3, 4)
+    before = torch_pjrt.metrics()
+    for n in (5, 7, 9):
+        x = torch.randn(n, 3)
+        torch.testing.assert_close(cf(x.to("tpu"), w.to("tpu")).cpu(), f(x, w), rtol=1e-5, atol=1e-6)
+    after = torch_pjrt.metrics()
+    assert after["graphs_eager"] == before["graphs_eager"]
+    assert after["graphs_lowered"] == before["graphs_lowered"] + 3
+
+
+def test_new_batch_size_in_training_recompiles_static():
+    """The same for training graphs (forward and backward), then evaluation
+    at a third batch size."""
+    mc, mt = _mlp(), _mlp().to("tpu")
+    cm = torch.compile(mt, backend="tpu")
+    before = torch_pjrt.metrics()
+    for n in (4, 6):
+        x, y = torch.randn(n, 8), torch.randn(n, 4)
+        lc = ((mc(x) - y) ** 2).mean()
+        lt = ((cm(x.to("tpu")) - y.to("tpu")) ** 2).mean()
+        lc.backward()
+        lt.backward()
+        assert abs(lt.item() - lc.item()) <= 1e-5 * abs(lc.item())
+    for pc, pt in zip(mc.parameters(), mt.parameters()):
+        torch.testing.assert_close(pt.grad.cpu(), pc.grad, rtol=1e-5, atol=1e-6)
+    x = torch.randn(3, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(cm(x.to("tpu")).cpu(), mc(x), rtol=1e-5, atol=1e-6)
+    after = torch_pjrt.metrics()
+    assert after["graphs_eager"] == before["graphs_eager"]
+    assert after["graphs_lowered"] == before["graphs_lowered"] + 5  # 2 x (forward, backward), 1 inference
 
 
 def test_bucket_pads_and_masks():
@@ -108,7 +154,7 @@ def test_metrics_report():
     torch_pjrt.metrics()
     rep = torch_pjrt.metrics_report()
     for key in ("compiles", "compile_seconds", "cache_hits", "disk_hits", "executions", "h2d_bytes",
-                "d2h_transfers", "cpu_fallbacks"):
+                "d2h_transfers", "graphs_lowered", "graphs_eager", "cpu_fallbacks"):
         assert key in rep
 
 

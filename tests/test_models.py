@@ -6,8 +6,10 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples"))
 
+import dlrm  # noqa: E402
 import llama  # noqa: E402
 import mingpt  # noqa: E402
+from util import all_graphs_lowered, one_program_per_call  # noqa: E402
 
 REL = 1e-4  # relative loss difference allowed at every step
 
@@ -87,3 +89,48 @@ def test_whole_training_step_compiled():
         return out
 
     _close(run("tpu", True), run("cpu", False))
+
+
+# DLRM: EmbeddingBag sums (offsets input, empty bags included), bmm
+# interactions with triu index selection, BCEWithLogits.  Outputs and weights
+# (embedding tables included: the embedding_bag backward) within rtol 1e-4,
+# atol 1e-6.
+
+
+def _close_params(mt, mc):
+    for (n, pc), pt in zip(mc.named_parameters(), mt.parameters()):
+        torch.testing.assert_close(pt.detach().cpu(), pc.detach(), rtol=1e-4, atol=1e-6, msg=lambda m: f"{n}: {m}")
+
+
+def test_dlrm_eager_matches_cpu():
+    cfg = dlrm.DLRMConfig()
+    torch.manual_seed(0)
+    m = dlrm.DLRM(cfg)
+    batch = dlrm.get_batch(cfg, 8, torch.Generator().manual_seed(1))
+    assert any((o[1:] == o[:-1]).any() for o in batch[2]), "the batch should hold empty bags"
+    mt = dlrm.DLRM(cfg).to("tpu")
+    mt.load_state_dict(m.state_dict())
+    ref, lref = m(*batch)
+    out, lout = mt(*dlrm.to(batch, "tpu"))
+    torch.testing.assert_close(out.detach().cpu(), ref.detach(), rtol=1e-4, atol=1e-6)
+    _close([lout.item()], [lref.item()])
+
+    mc, cpu = dlrm.train("cpu", 5)
+    mt, tpu = dlrm.train("tpu", 5)
+    _close(tpu, cpu)
+    _close_params(mt, mc)
+
+
+def test_dlrm_compiled_matches_cpu():
+    mc, cpu = dlrm.train("cpu", 5)
+    with all_graphs_lowered():
+        mt, tpu = dlrm.train("tpu", 5, compile=True)
+    _close(tpu, cpu)
+    _close_params(mt, mc)
+
+    batch = dlrm.get_batch(mc.cfg, 8, torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        ref, _ = mc(*batch)
+    with all_graphs_lowered():
+        out, _ = one_program_per_call(torch.compile(mt, backend="tpu"), *dlrm.to(batch, "tpu"))
+    torch.testing.assert_close(out.cpu(), ref, rtol=1e-4, atol=1e-6)

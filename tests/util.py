@@ -87,3 +87,31 @@ def lowered():
         yield names
     finally:
         _C.run, _C.fast_call = run, fast_call
+
+
+@contextlib.contextmanager
+def all_graphs_lowered():
+    """Every graph torch.compile(backend="tpu") makes inside the block is
+    lowered to one program: none runs op by op (the eager fallback of
+    _compile.py, whose warning comes only once per cause), and some graph was
+    compiled."""
+    import torch_pjrt
+
+    before = torch_pjrt.metrics()
+    yield
+    after = torch_pjrt.metrics()
+    assert after["graphs_eager"] == before["graphs_eager"], "a compiled graph fell back to eager execution"
+    assert after["graphs_lowered"] > before["graphs_lowered"], "nothing was compiled"
+
+
+def one_program_per_call(fn, *args):
+    """Call a compiled inference function twice under no_grad; the warm call
+    must run exactly one program.  Returns its result."""
+    import torch_pjrt
+
+    with torch.no_grad():
+        fn(*args)
+        before = torch_pjrt.metrics()["executions"]
+        out = fn(*args)
+    assert torch_pjrt.metrics()["executions"] == before + 1, "the compiled call ran more than one program"
+    return out

@@ -100,8 +100,11 @@ set_cache_dir(default_cache_dir())
 
 
 def metrics():
-    """Counters of the runtime: programs compiled, cache hits, transfers, CPU fallbacks."""
+    """Counters of the runtime: programs compiled, cache hits, transfers, CPU
+    fallbacks, and torch.compile graphs lowered to one program or run eagerly
+    (op by op) because compiled mode cannot lower one of their ops."""
     m = dict(_C.stats())
+    m.update(_compile.graph_counts())
     m["cpu_fallbacks"] = cpu_fallback_counts()
     err = _C.disk_cache_error()
     if err:

@@ -7,6 +7,7 @@ eager mode ("tp::graph" in the C core).  A graph with an op we cannot lower
 runs eagerly instead (with a warning naming the op), so compiling never makes
 a model stop working.
 """
+import copy
 import operator
 import threading
 import warnings
@@ -370,12 +371,24 @@ def _foreach_target(base, ovl):
 
 
 _warned = set()
+_graph_counts = {"graphs_lowered": 0, "graphs_eager": 0}  # AOTAutograd graphs, by how they run
+
+
+def graph_counts():
+    """{"graphs_lowered": graphs compiled to one program, "graphs_eager":
+    graphs that run op by op because they hold something compiled mode cannot
+    lower}; the warning names the cause only once per process, these count
+    every graph."""
+    with _lock:
+        return dict(_graph_counts)
 
 
 def _compile_graph(gm, example_inputs):
     try:
         prog = GraphProgram(gm, example_inputs)
     except Unsupported as e:
+        with _lock:
+            _graph_counts["graphs_eager"] += 1
         key = str(e)
         if key not in _warned:
             _warned.add(key)
@@ -384,6 +397,9 @@ def _compile_graph(gm, example_inputs):
         from functorch.compile import make_boxed_func
 
         return make_boxed_func(gm.forward)
+
+    with _lock:
+        _graph_counts["graphs_lowered"] += 1
 
     def run(args):  # boxed calling convention: AOTAutograd passes one list
         inputs = list(args)
@@ -416,16 +432,75 @@ def _decompositions():
     return {op: fn for op, fn in table.items() if not _C.has_lowering(_qualname(op))}
 
 
-def tpu_backend(gm, example_inputs, **kwargs):
-    """The Dynamo backend registered as "tpu"."""
-    name = _frame_name(gm)
-    names = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
-    _note_compile(name, list(zip(names, example_inputs)))
+def _aot(gm, example_inputs, **kwargs):
     from torch._dynamo.backends.common import aot_autograd
 
     backend = aot_autograd(fw_compiler=_compile_graph, bw_compiler=_compile_graph,
                            decompositions=_decompositions(), keep_inference_input_mutations=True)
     return backend(gm, example_inputs, **kwargs)
+
+
+def _symbolic(gm):
+    """Whether Dynamo gave the graph symbolic sizes (SymInt inputs)."""
+    for n in gm.graph.nodes:
+        if n.op != "placeholder":
+            continue
+        v = n.meta.get("example_value", n.meta.get("val"))
+        if isinstance(v, torch.SymInt):
+            return True
+        if isinstance(v, torch.Tensor) and any(not isinstance(s, int) for s in v.shape):
+            return True
+    return False
+
+
+class _Specialize:
+    """A graph Dynamo traced with symbolic sizes, run as one static-shape
+    compiled graph per set of concrete input sizes (PJRT programs have static
+    shapes).  Dynamo recompiles a function whose input sizes changed with
+    dynamic sizes unless told dynamic=False; without this every such graph
+    would run op by op."""
+
+    def __init__(self, gm, name, names, kwargs):
+        self.gm, self.name, self.names, self.kwargs = gm, name, names, kwargs
+        self.cache = {}
+
+    def __call__(self, *args):
+        key = (torch.is_grad_enabled(),) + tuple(
+            (tuple(a.shape), a.stride(), a.dtype, a.device, a.requires_grad) if isinstance(a, torch.Tensor)
+            else (type(a), a) for a in args)
+        entry = self.cache.get(key)
+        if entry is None:
+            _note_compile(self.name, list(zip(self.names, args)))
+            entry = self.cache[key] = self._specialize(args)
+        fn, keep = entry
+        return fn(*[args[i] for i in keep])
+
+    def _specialize(self, args):
+        """The graph with its size inputs replaced by their values, compiled
+        for these inputs; and which inputs it still takes."""
+        gm = torch.fx.GraphModule(self.gm, copy.deepcopy(self.gm.graph))
+        keep = []
+        placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+        for i, (n, a) in enumerate(zip(placeholders, args)):
+            if isinstance(a, torch.Tensor):
+                keep.append(i)
+                continue
+            for user in list(n.users):
+                user.args = torch.fx.node.map_arg(user.args, lambda x: a if x is n else x)
+                user.kwargs = torch.fx.node.map_arg(user.kwargs, lambda x: a if x is n else x)
+            gm.graph.erase_node(n)
+        gm.recompile()
+        return _aot(gm, [args[i] for i in keep], **self.kwargs), keep
+
+
+def tpu_backend(gm, example_inputs, **kwargs):
+    """The Dynamo backend registered as "tpu"."""
+    name = _frame_name(gm)
+    names = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
+    if _symbolic(gm):
+        return _Specialize(gm, name, names, kwargs)
+    _note_compile(name, list(zip(names, example_inputs)))
+    return _aot(gm, example_inputs, **kwargs)
 
 
 def _entry_point_installed():

@@ -96,3 +96,24 @@ def test_our_not_implemented_errors_are_unsupported():
         raise NotImplementedError("something else")
     except NotImplementedError as e:
         assert harness.classify_exception(e)[0] == "error"
+
+
+def test_correctly_rounded_overflow_is_not_an_error():
+    """A float16 result that overflows to inf where the CPU gives NaN (its
+    matrix_exp does) is the exact value rounded: not less accurate."""
+    r = torch.tensor([1.0, 7e4, 2.0], dtype=torch.float64)
+    e = torch.tensor([1.0, float("nan"), 2.0], dtype=torch.float16)
+    a = torch.tensor([1.0, float("inf"), 2.0], dtype=torch.float16)
+    assert harness._closer_than_cpu(a, e, r, TOL)
+    assert not harness._closer_than_cpu(torch.tensor([1.0, float("inf"), 3.0], dtype=torch.float16), e, r, TOL)
+
+
+def test_float32_sums_judged_normwise():
+    """A float32 gradient summed in another order: the tpu's error lands on a
+    small element, the CPU's on a large one, same size; a wrong element fails."""
+    r = torch.tensor([179.0, 2.95, -40.0], dtype=torch.float64)
+    e = (r + torch.tensor([2.5e-5, 0.0, 0.0], dtype=torch.float64)).float()
+    a = (r + torch.tensor([0.0, 4.0e-5, 0.0], dtype=torch.float64)).float()
+    assert harness._closer_than_cpu(a, e, r, TOL)
+    wrong = (r + torch.tensor([0.0, 1e-3, 0.0], dtype=torch.float64)).float()
+    assert not harness._closer_than_cpu(wrong, e, r, TOL)

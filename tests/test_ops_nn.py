@@ -821,8 +821,9 @@ def test_linear_cross_entropy_chunked_accumulates_in_float32(dtype, reduction):
     bfloat16 per-sample losses below 15% off)."""
     from torch.nn import LinearCrossEntropyOptions
 
-    assert LinearCrossEntropyOptions()._adjust(num_batches=16, in_features=8, num_classes=32, dtype=dtype,
-                                               device=torch.device("tpu")).acc_dtype == torch.float32
+    resolved = LinearCrossEntropyOptions()._adjust(num_batches=16, in_features=8, num_classes=32, dtype=dtype,
+                                                   device=torch.device("tpu"))
+    assert resolved.acc_dtype == torch.float32 and resolved.acc_policy == "accurate"  # the CPU's policy
     g = torch.Generator().manual_seed(3)
     x = torch.randn(16, 8, generator=g).to(dtype)
     w = (torch.randn(32, 8, generator=g) * 3).to(dtype)

@@ -1026,12 +1026,17 @@ def _accelerator_policies():
     "cpu" and "cuda" treats "tpu" as a device without mixed precision: the
     chunked F.linear_cross_entropy then accumulates float16/bfloat16 logits
     in their own dtype (6% off on small losses).  TPUs multiply bfloat16 with
-    float32 accumulation, as the XLA CPU backend does, so "tpu" gets what
-    CUDA gets: float32 accumulation."""
+    float32 accumulation, as the XLA CPU backend does, so "tpu" gets float32
+    accumulation, and the CPU's "accurate" policy (float32 logits chunks; the
+    chunks are small, so the memory it costs is too)."""
     try:
+        from torch.nn.modules import linear_cross_entropy_options as lce
         from torch.nn.modules.linear_cross_entropy_options import LinearCrossEntropyOptions as opts
     except ImportError:  # an older torch without the chunked path
         return
+    for dt in (torch.float16, torch.bfloat16):
+        if ("cpu", dt) in getattr(lce, "_AUTO_DEFAULTS", {}):
+            lce._AUTO_DEFAULTS.setdefault(("tpu", dt), lce._AUTO_DEFAULTS[("cpu", dt)])
     resolve = opts._resolve_auto_acc_dtype
 
     def resolve_auto_acc_dtype(dtype, device):

@@ -90,3 +90,22 @@ def test_default_location_follows_xdg(tmp_path, monkeypatch):
     assert torch_pjrt.default_cache_dir() == os.path.join(str(tmp_path), "torch_pjrt")
     monkeypatch.setenv("TORCH_PJRT_CACHE_DIR", "0")
     assert torch_pjrt.default_cache_dir() is None
+
+
+def test_program_cache_is_capped_and_evicted_programs_come_back(tmp_path):
+    """The in-memory program cache keeps at most TORCH_PJRT_PROGRAM_CACHE_SIZE
+    programs (each XLA:CPU executable holds memory mappings; thousands of them
+    crash the plugin at vm.max_map_count); evicted ones reload from disk."""
+    code = (
+        "import json, torch, torch_pjrt\n"
+        "for i in list(range(1, 41)) + list(range(1, 41, 3)):\n"
+        "    x = torch.randn(i)\n"
+        "    torch.testing.assert_close((x.to('tpu') * 2 + 1).sin().cpu(), (x * 2 + 1).sin())\n"
+        "m = torch_pjrt.metrics()\n"
+        "print(json.dumps({'cached': m['cached_programs'], 'disk_hits': m['disk_hits']}))\n")
+    env = dict(os.environ, TORCH_PJRT_CACHE_DIR=str(tmp_path), TORCH_PJRT_PROGRAM_CACHE_SIZE="16")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["cached"] == 16
+    assert out["disk_hits"] > 0  # the second pass found its programs evicted, and loaded them

@@ -74,6 +74,7 @@ typedef struct param_src {
 
 typedef struct entry {
   struct entry *next;
+  struct entry *lru_prev, *lru_next; /* most recently used first */
   uint64_t hash;
   unsigned char *key;
   size_t keylen;
@@ -90,6 +91,13 @@ typedef struct entry {
  * for a whole op. */
 static entry **g_buckets;
 static size_t g_nbuckets, g_nentries;
+/* Least-recently-used order, and the cap on cached programs: each loaded
+ * XLA:CPU executable holds ~4.5 memory mappings, and a process that keeps
+ * ~14,000 of them reaches Linux's vm.max_map_count (65530), after which the
+ * plugin crashes.  TORCH_PJRT_PROGRAM_CACHE_SIZE sets the cap (default
+ * 4096); an evicted program comes back from the disk cache when needed. */
+static entry *g_lru_head, *g_lru_tail;
+static size_t g_cap;
 static tp_eager_stats g_stats;
 static tp_diskcache *g_disk; /* persistent cache, NULL when off */
 static char g_disk_err[512]; /* last disk cache warning */
@@ -110,10 +118,54 @@ static void entry_free(entry *en) {
   free(en);
 }
 
+static void lru_unlink(entry *en) {
+  if (en->lru_prev) en->lru_prev->lru_next = en->lru_next;
+  else g_lru_head = en->lru_next;
+  if (en->lru_next) en->lru_next->lru_prev = en->lru_prev;
+  else g_lru_tail = en->lru_prev;
+  en->lru_prev = en->lru_next = NULL;
+}
+
+static void lru_push_front(entry *en) {
+  en->lru_prev = NULL;
+  en->lru_next = g_lru_head;
+  if (g_lru_head) g_lru_head->lru_prev = en;
+  g_lru_head = en;
+  if (!g_lru_tail) g_lru_tail = en;
+}
+
+static size_t cache_cap(void) {
+  if (!g_cap) {
+    const char *v = getenv("TORCH_PJRT_PROGRAM_CACHE_SIZE");
+    long n = v && *v ? strtol(v, NULL, 10) : 0;
+    g_cap = n > 0 ? (size_t)n : 4096;
+  }
+  return g_cap;
+}
+
+/* Drop the least recently used program (it is not the one being run: that
+ * one was just used).  PJRT keeps what an in-flight execution needs. */
+static void cache_evict_lru(void) {
+  entry *en = g_lru_tail;
+  if (!en) return;
+  lru_unlink(en);
+  for (entry **pp = &g_buckets[en->hash % g_nbuckets]; *pp; pp = &(*pp)->next)
+    if (*pp == en) {
+      *pp = en->next;
+      break;
+    }
+  g_nentries--;
+  entry_free(en);
+}
+
 static entry *cache_find(const kbuf *k, uint64_t h) {
   if (!g_nbuckets) return NULL;
   for (entry *en = g_buckets[h % g_nbuckets]; en; en = en->next)
-    if (en->hash == h && en->keylen == k->len && !memcmp(en->key, k->p, k->len)) return en;
+    if (en->hash == h && en->keylen == k->len && !memcmp(en->key, k->p, k->len)) {
+      lru_unlink(en);
+      lru_push_front(en);
+      return en;
+    }
   return NULL;
 }
 
@@ -140,6 +192,8 @@ static void cache_insert(entry *en) {
   en->next = g_buckets[en->hash % g_nbuckets];
   g_buckets[en->hash % g_nbuckets] = en;
   g_nentries++;
+  lru_push_front(en);
+  while (g_nentries > cache_cap() && g_lru_tail != en) cache_evict_lru();
 }
 
 void tp_eager_clear_cache(void) {
@@ -152,6 +206,7 @@ void tp_eager_clear_cache(void) {
   free(g_buckets);
   g_buckets = NULL;
   g_nbuckets = g_nentries = 0;
+  g_lru_head = g_lru_tail = NULL;
   tp_storage_unlock();
 }
 

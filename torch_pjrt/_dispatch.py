@@ -326,8 +326,8 @@ def _meta_embedding_bag(forward_only):
                     "Expected tensor for argument #1 'weight' to have the same type as tensor for argument #1 "
                     f"'per_sample_weights'; but type {_legacy_type(weight.dtype)} does not equal "
                     f"{_legacy_type(psw.dtype)} (while checking arguments for embedding_bag)")
-            for cond in ("dim() == 1", "numel() == indices.numel()"):
-                ok = psw.dim() == 1 if cond.startswith("dim") else psw.numel() == indices.numel()
+            for cond, ok in (("dim() == 1", psw.dim() == 1), ("numel() == indices.numel()",
+                                                             psw.numel() == indices.numel())):
                 if not ok:
                     raise RuntimeError(
                         f"Expected per_sample_weights.value().{cond} to be true, but got false.  (Could this error "

@@ -102,8 +102,11 @@ static double norm_factor(int64_t normalization, int64_t n, int xla_inverse) {
 }
 
 /* Reads the common arguments (self, dim, normalization); fills dims[]
- * (wrapped, checked).  Returns the number of dims, or -1 after em_fail. */
-static int fft_args(tp_emit *e, const tp_node *n, tp_val *x, int *dims, int64_t *norm) {
+ * (wrapped, checked) and checks self's dtype: complex for c2c/c2r
+ * (complex_in), float32/float64 for r2c, as PyTorch's CPU kernels.
+ * Returns the number of dims, or -1 after em_fail. */
+static int fft_args(tp_emit *e, const tp_node *n, const char *name, int complex_in, tp_val *x, int *dims,
+                    int64_t *norm) {
   const tp_arg *a = lw_arg(n, 0);
   if (a->kind != TP_ARG_TENSOR) return (int)em_fail(e, TP_INVALID_ARGUMENT, "%s: expected a tensor input", n->op);
   *x = a->v;
@@ -122,6 +125,12 @@ static int fft_args(tp_emit *e, const tp_node *n, tp_val *x, int *dims, int64_t 
   *norm = lw_int(n, 2, 0);
   if (*norm < 0 || *norm > 2)
     return (int)em_fail(e, TP_INVALID_ARGUMENT, "%s: unsupported normalization type %lld", n->op, (long long)*norm);
+  tp_dtype dt = em_type(e, *x)->dt;
+  if (complex_in && !tp_dtype_is_complex(dt))
+    return (int)em_fail(e, TP_INVALID_ARGUMENT, "%s: expected a complex input, got %s", name, tp_scalar_type_name(dt));
+  if (!complex_in && dt != TP_F32 && dt != TP_F64)
+    return (int)em_fail(e, TP_INVALID_ARGUMENT, "%s: FFT doesn't support tensors of type: %s", name,
+                        tp_scalar_type_name(dt));
   return k;
 }
 
@@ -136,13 +145,9 @@ static void r_fft_c2c(tp_emit *e, const tp_node *n, tp_val *o) {
   tp_val x;
   int dims[TP_MAX_RANK];
   int64_t norm;
-  int k = fft_args(e, n, &x, dims, &norm);
+  int k = fft_args(e, n, "_fft_c2c", 1, &x, dims, &norm);
   if (k < 0) return;
   tp_type xt = *em_type(e, x);
-  if (!tp_dtype_is_complex(xt.dt)) {
-    o[0] = em_fail(e, TP_INVALID_ARGUMENT, "_fft_c2c: expected a complex input, got %s", tp_scalar_type_name(xt.dt));
-    return;
-  }
   if (k == 0 || tp_type_numel(&xt) == 0) { /* no transform: a copy (scaled by 1) */
     o[0] = tp_type_numel(OUT0) ? x : em_full(e, 0, OUT0);
     return;
@@ -157,13 +162,9 @@ static void r_fft_r2c(tp_emit *e, const tp_node *n, tp_val *o) {
   tp_val x;
   int dims[TP_MAX_RANK];
   int64_t norm;
-  int k = fft_args(e, n, &x, dims, &norm);
+  int k = fft_args(e, n, "_fft_r2c", 0, &x, dims, &norm);
   if (k < 0) return;
   tp_type xt = *em_type(e, x);
-  if (xt.dt != TP_F32 && xt.dt != TP_F64) { /* as PyTorch's CPU kernel */
-    o[0] = em_fail(e, TP_INVALID_ARGUMENT, "_fft_r2c: FFT doesn't support tensors of type: %s", tp_scalar_type_name(xt.dt));
-    return;
-  }
   if (k == 0) {
     o[0] = em_fail(e, TP_INVALID_ARGUMENT, "_fft_r2c: expected at least one dim to transform");
     return;
@@ -191,13 +192,9 @@ static void r_fft_c2r(tp_emit *e, const tp_node *n, tp_val *o) {
   tp_val x;
   int dims[TP_MAX_RANK];
   int64_t norm;
-  int k = fft_args(e, n, &x, dims, &norm);
+  int k = fft_args(e, n, "_fft_c2r", 1, &x, dims, &norm);
   if (k < 0) return;
   tp_type xt = *em_type(e, x);
-  if (!tp_dtype_is_complex(xt.dt)) {
-    o[0] = em_fail(e, TP_INVALID_ARGUMENT, "_fft_c2r: expected a complex input, got %s", tp_scalar_type_name(xt.dt));
-    return;
-  }
   if (k == 0) {
     o[0] = em_fail(e, TP_INVALID_ARGUMENT, "_fft_c2r: expected at least one dim to transform");
     return;

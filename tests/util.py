@@ -66,8 +66,8 @@ def check(fn, *args, grad=False, rtol=None, atol=None, **kwargs):
 def lowered():
     """Collect the names of the lowering rules the C core runs inside the
     block, through either entry: _C.run (the Python handler) or _C.fast_call
-    (the C fast path)."""
-    from torch_pjrt import _C
+    (the C fast path), with the C++ fast kernels off."""
+    from torch_pjrt import _C, _dispatch
 
     names = set()
     run, fast_call = _C.run, _C.fast_call
@@ -83,10 +83,12 @@ def lowered():
         return r
 
     _C.run, _C.fast_call = spy_run, spy_fast
+    fast = _dispatch.fast_kernels(False)  # the C++ kernels enter the core without Python
     try:
         yield names
     finally:
         _C.run, _C.fast_call = run, fast_call
+        _dispatch.fast_kernels(fast)
 
 
 @contextlib.contextmanager

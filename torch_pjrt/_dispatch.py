@@ -11,6 +11,7 @@ An op without a lowering is decomposed with PyTorch's decompositions when
 one exists; otherwise it raises NotImplementedError, or runs on the CPU
 when CPU fallback is on.
 """
+import ctypes
 import functools
 import os
 import threading
@@ -469,7 +470,7 @@ class _Handler:
                 and self.all_functional and not self.linalg and len(self.args_schema) <= 24):
             self.plan = (self.lowering, tuple(self.defaults), bytes(self.number_is_scalar),
                          self.numbers_by_value, self.meta_cache, CODE, torch.empty_strided, _DEVICES,
-                         self.is_inplace, torch._C.TensorBase, torch.dtype)
+                         self.is_inplace, torch._C.TensorBase, torch.dtype, self.name)
 
     def _after(self, vals, outs):
         """linalg *_ex ops with check_errors=True raise like PyTorch's CPU
@@ -1009,7 +1010,14 @@ def install():
     _fallback_lib = lib
     impl = torch.library.Library("aten", "IMPL")
     for op in _direct_ops():
-        impl.impl(op, _kernel(op), "PrivateUse1")
+        h = _handler(op)
+        if h.plan is None:
+            impl.impl(op, functools.partial(_fallback, op), "PrivateUse1")
+        else:
+            # The C++ kernel (csrc/glue/fast.cpp) serves calls whose output
+            # specs the core has recorded; it hands the rest to this one.
+            impl.impl(op, _kernel(h), "PrivateUse2")
+            _register_fast(h)
     # copy_ hands a conjugate/negative view to _copy_from unresolved; the
     # generic Conjugate/Negative fallback would resolve it with clone, which
     # copies through _copy_from again, without end (a stack overflow, as in
@@ -1018,6 +1026,8 @@ def install():
         for name in ("_copy_from", "_copy_from_and_resize"):
             impl.impl(name, torch.library.fallthrough_kernel, key)
     _impl_lib = impl
+    if os.environ.get("TORCH_PJRT_FAST_KERNELS", "1") == "0":
+        fast_kernels(False)
     _accelerator_policies()
 
 
@@ -1048,22 +1058,49 @@ def _accelerator_policies():
         opts._resolve_auto_acc_dtype = staticmethod(resolve_auto_acc_dtype)
 
 
-def _kernel(op):
-    """The PrivateUse1 kernel of a directly registered op: the C fast path
-    when the handler allows it, else the fallback."""
-    h = _handler(op)
+def _kernel(h):
+    """The Python kernel of an op the C++ fast kernel serves: the C fast path
+    (_C.fast_call, which records the output specs for the C++ kernel) when
+    the specs are cached, else the handler."""
     plan = h.plan
-    if plan is None:
-        return functools.partial(_fallback, op)
+    names = [a.name for a in h.args_schema]
 
     def kernel(*args, **kwargs):
-        if not kwargs:
-            r = _C.fast_call(plan, args)
+        flat = args
+        if kwargs and kwargs.keys() <= set(names[len(args):]):
+            # keyword-only arguments: positional, as the C++ kernel sees them
+            flat = args + tuple(kwargs.get(n, d) for n, d in zip(names[len(args):], h.defaults[len(args):]))
+        if flat is not args or not kwargs:
+            r = _C.fast_call(plan, flat)
             if r is not NotImplemented:
                 return r
         return h(args, kwargs)
 
     return kernel
+
+
+@functools.lru_cache(None)
+def _glue():
+    """_glue.so's C entry points (csrc/glue/fast.cpp)."""
+    g = ctypes.CDLL(os.path.join(os.path.dirname(os.path.abspath(__file__)), "_glue.so"))
+    g.tp_glue_register_fast.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int,
+                                        ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t]
+    g.tp_glue_set_fast.argtypes = [ctypes.c_int]
+    return g
+
+
+def fast_kernels(enabled):
+    """Turn the C++ fast kernels on or off (TORCH_PJRT_FAST_KERNELS=0 starts
+    with them off); returns whether they were on.  Off, every op call takes
+    the Python kernel: slower, the same results."""
+    return bool(_glue().tp_glue_set_fast(int(bool(enabled))))
+
+
+def _register_fast(h):
+    err = ctypes.create_string_buffer(512)
+    if _glue().tp_glue_register_fast(h.name.encode(), h.lowering.encode(), bytes(h.number_is_scalar),
+                                   len(h.args_schema), int(h.numbers_by_value), int(h.is_inplace), err, 512):
+        raise RuntimeError(f"torch_pjrt: registering the fast kernel of {h.name}: {err.value.decode()}")
 
 
 def _direct_ops():

@@ -196,6 +196,8 @@ static void cache_insert(entry *en) {
   while (g_nentries > cache_cap() && g_lru_tail != en) cache_evict_lru();
 }
 
+static void specs_clear_locked(void);
+
 void tp_eager_clear_cache(void) {
   tp_storage_lock();
   for (size_t i = 0; i < g_nbuckets; i++)
@@ -207,6 +209,7 @@ void tp_eager_clear_cache(void) {
   g_buckets = NULL;
   g_nbuckets = g_nentries = 0;
   g_lru_head = g_lru_tail = NULL;
+  specs_clear_locked();
   tp_storage_unlock();
 }
 
@@ -220,6 +223,150 @@ void tp_eager_get_stats(tp_eager_stats *out) {
     out->disk_corrupt = ds.corrupt_dropped;
   }
   tp_storage_unlock();
+}
+
+/* ---- output specs by argument signature (see eager.h) ---------------------------------- */
+
+typedef struct spec_entry {
+  struct spec_entry *next;
+  uint64_t hash;
+  size_t keylen;
+  tp_op_specs specs;
+  unsigned char key[];
+} spec_entry;
+
+static spec_entry **g_spec_buckets;
+static size_t g_spec_nbuckets, g_spec_n;
+
+/* 0 if the signature cannot be a key (tensor lists). */
+static int spec_key(kbuf *k, const char *op, const tp_eager_arg *args, int nargs, int by_value) {
+  kb_put(k, op, strlen(op) + 1);
+  for (int i = 0; i < nargs; i++) {
+    const tp_arg *a = &args[i].a;
+    kb_i64(k, a->kind);
+    switch (a->kind) {
+      case TP_ARG_TENSOR: {
+        const tp_tensor_ref *r = args[i].t;
+        kb_i64(k, r->dt);
+        kb_i64(k, r->rank);
+        kb_put(k, r->sizes, sizeof(int64_t) * (size_t)r->rank);
+        kb_put(k, r->strides, sizeof(int64_t) * (size_t)r->rank);
+        break;
+      }
+      case TP_ARG_SCALAR:
+        kb_i64(k, a->sdt * 2 + (a->wrapped != 0));
+        if (by_value) {
+          kb_i64(k, a->i);
+          kb_put(k, &a->f, sizeof a->f);
+        }
+        break;
+      case TP_ARG_INT: case TP_ARG_BOOL: kb_i64(k, a->i); break;
+      case TP_ARG_FLOAT: kb_put(k, &a->f, sizeof a->f); break;
+      case TP_ARG_INTS: kb_i64(k, a->n); kb_put(k, a->ints, sizeof(int64_t) * (size_t)a->n); break;
+      case TP_ARG_STR: kb_put(k, a->s, strlen(a->s) + 1); break;
+      case TP_ARG_TENSORS: return 0;
+      case TP_ARG_NONE: break;
+    }
+  }
+  return !k->oom;
+}
+
+static void specs_clear_locked(void) {
+  for (size_t i = 0; i < g_spec_nbuckets; i++)
+    for (spec_entry *en = g_spec_buckets[i], *nx; en; en = nx) {
+      nx = en->next;
+      free(en);
+    }
+  free(g_spec_buckets);
+  g_spec_buckets = NULL;
+  g_spec_nbuckets = g_spec_n = 0;
+}
+
+int tp_eager_specs_find(const char *op, const tp_eager_arg *args, int nargs, int numbers_by_value, tp_op_specs *out) {
+  kbuf k;
+  kb_init(&k);
+  int found = 0;
+  if (spec_key(&k, op, args, nargs, numbers_by_value)) {
+    uint64_t h = hash_bytes(k.p, k.len);
+    tp_storage_lock();
+    for (spec_entry *en = g_spec_nbuckets ? g_spec_buckets[h % g_spec_nbuckets] : NULL; en; en = en->next)
+      if (en->hash == h && en->keylen == k.len && !memcmp(en->key, k.p, k.len)) {
+        *out = en->specs;
+        found = 1;
+        break;
+      }
+    tp_storage_unlock();
+  }
+  kb_free(&k);
+  return found;
+}
+
+static size_t spec_cap(void) {
+  const char *v = getenv("TORCH_PJRT_SPEC_CACHE_SIZE");
+  long long n = v && *v ? atoll(v) : 0;
+  return n > 0 ? (size_t)n : 65536;
+}
+
+void tp_eager_specs_record(const char *op, const tp_eager_arg *args, int nargs, int numbers_by_value,
+                           const tp_op_specs *specs) {
+  if (specs->n < 0 || specs->n > TP_SPEC_MAX_OUTS) return;
+  kbuf k;
+  kb_init(&k);
+  if (!spec_key(&k, op, args, nargs, numbers_by_value)) {
+    kb_free(&k);
+    return;
+  }
+  uint64_t h = hash_bytes(k.p, k.len);
+  tp_storage_lock();
+  int present = 0;
+  for (spec_entry *en = g_spec_nbuckets ? g_spec_buckets[h % g_spec_nbuckets] : NULL; en && !present; en = en->next)
+    present = en->hash == h && en->keylen == k.len && !memcmp(en->key, k.p, k.len);
+  if (!present && g_spec_n >= spec_cap()) specs_clear_locked();
+  if (!present && g_spec_n + 1 > g_spec_nbuckets) {
+    size_t nb = g_spec_nbuckets ? g_spec_nbuckets * 2 : 256;
+    spec_entry **b = calloc(nb, sizeof *b);
+    if (b) {
+      for (size_t i = 0; i < g_spec_nbuckets; i++)
+        for (spec_entry *en = g_spec_buckets[i], *nx; en; en = nx) {
+          nx = en->next;
+          en->next = b[en->hash % nb];
+          b[en->hash % nb] = en;
+        }
+      free(g_spec_buckets);
+      g_spec_buckets = b;
+      g_spec_nbuckets = nb;
+    }
+  }
+  spec_entry *en = present || !g_spec_nbuckets ? NULL : malloc(sizeof *en + k.len);
+  if (en) {
+    en->hash = h;
+    en->keylen = k.len;
+    en->specs = *specs;
+    memcpy(en->key, k.p, k.len);
+    en->next = g_spec_buckets[h % g_spec_nbuckets];
+    g_spec_buckets[h % g_spec_nbuckets] = en;
+    g_spec_n++;
+  }
+  tp_storage_unlock();
+  kb_free(&k);
+}
+
+void tp_eager_number_f64(tp_arg *a, double v) {
+  a->kind = TP_ARG_SCALAR;
+  a->wrapped = 1;
+  a->sdt = TP_F64;
+  a->f = v;
+  /* the integer view of a float scalar (integer ops read .i); NaN, inf and
+   * huge values have none */
+  a->i = v > -9.2e18 && v < 9.2e18 ? (int64_t)v : 0;
+}
+
+void tp_eager_number_int(tp_arg *a, int64_t v, int is_bool) {
+  a->kind = TP_ARG_SCALAR;
+  a->wrapped = 1;
+  a->sdt = is_bool ? TP_BOOL : TP_I64;
+  a->i = v;
+  a->f = (double)v;
 }
 
 /* ---- the op being run ----------------------------------------------------------- */

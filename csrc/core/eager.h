@@ -70,7 +70,40 @@ typedef struct tp_eager_stats {
   int64_t cached_programs;
 } tp_eager_stats;
 void tp_eager_get_stats(tp_eager_stats *out);
-/* Drop all cached programs (tests; releases memory). */
+
+/* ---- output specs by argument signature ----
+ * An op's output dtypes, sizes and strides come from PyTorch's meta
+ * functions, which run in Python (torch_pjrt/_dispatch.py).  The first calls
+ * of an (op, argument signature) take that path and record the specs here;
+ * the C++ kernels (csrc/glue/fast.cpp) then find them and run the op without
+ * Python.  The signature is what a meta function can look at: each tensor's
+ * dtype, sizes and strides, every non-tensor argument's value, and a Python
+ * number's type (its value too when `numbers_by_value`: ops like arange whose
+ * output shape depends on it).  Tensor-list arguments are not cached. */
+#define TP_SPEC_MAX_OUTS 8
+typedef struct tp_out_spec {
+  int defined; /* 0: the op returns None (an undefined tensor) here */
+  tp_dtype dt;
+  int rank;
+  int64_t sizes[TP_MAX_RANK];
+  int64_t strides[TP_MAX_RANK];
+} tp_out_spec;
+typedef struct tp_op_specs {
+  int n;
+  tp_out_spec out[TP_SPEC_MAX_OUTS];
+} tp_op_specs;
+/* 1 and *out filled if the signature was recorded, else 0. */
+int tp_eager_specs_find(const char *op, const tp_eager_arg *args, int nargs, int numbers_by_value, tp_op_specs *out);
+/* Record (best effort: out of memory, or a signature that cannot be cached,
+ * records nothing).  At most TORCH_PJRT_SPEC_CACHE_SIZE signatures are kept
+ * (default 65536); above it the table starts over. */
+void tp_eager_specs_record(const char *op, const tp_eager_arg *args, int nargs, int numbers_by_value,
+                           const tp_op_specs *specs);
+/* A Python number as a runtime scalar argument (wrapped, lowest promotion
+ * priority): float -> F64, int -> I64, bool -> BOOL. */
+void tp_eager_number_f64(tp_arg *a, double v);
+void tp_eager_number_int(tp_arg *a, int64_t v, int is_bool);
+/* Drop all cached programs and output specs (tests; releases memory). */
 void tp_eager_clear_cache(void);
 
 #ifdef __cplusplus

@@ -652,7 +652,10 @@ static PyObject *py_clear_cache(PyObject *self, PyObject *unused) {
  * _Handler._encode_and_key's.
  *
  * plan = (lowering, defaults, number_is_scalar: bytes, by_value, meta_cache,
- *         dtype_codes, empty_strided, devices, inplace, TensorBase, dtype type)
+ *         dtype_codes, empty_strided, devices, inplace, TensorBase, dtype type,
+ *         op name)
+ * A call that runs here records its output specs in the core
+ * (tp_eager_specs_record), where the op's C++ kernel finds them next time.
  */
 #define FAST_MAX_ARGS 24
 #define FAST_MAX_INTS 64
@@ -730,22 +733,13 @@ done:
 }
 
 static void fast_scalar(PyObject *v, tp_arg *a) {
-  a->kind = TP_ARG_SCALAR;
-  a->wrapped = 1;
-  if (PyFloat_CheckExact(v)) {
-    a->sdt = TP_F64;
-    a->f = PyFloat_AS_DOUBLE(v);
-    a->i = (int64_t)a->f;
-  } else {
-    a->sdt = PyBool_Check(v) ? TP_BOOL : TP_I64;
-    a->i = PyLong_AsLongLong(v);
-    a->f = (double)a->i;
-  }
+  if (PyFloat_CheckExact(v)) tp_eager_number_f64(a, PyFloat_AS_DOUBLE(v));
+  else tp_eager_number_int(a, PyLong_AsLongLong(v), PyBool_Check(v));
 }
 
 static PyObject *py_fast_call(PyObject *self, PyObject *const *fa, Py_ssize_t nfa) {
   (void)self;
-  if (nfa != 2 || !PyTuple_Check(fa[0]) || PyTuple_GET_SIZE(fa[0]) != 11 || !PyTuple_Check(fa[1])) {
+  if (nfa != 2 || !PyTuple_Check(fa[0]) || PyTuple_GET_SIZE(fa[0]) != 12 || !PyTuple_Check(fa[1])) {
     PyErr_SetString(PyExc_TypeError, "internal: fast_call(plan, args)");
     return NULL;
   }
@@ -755,10 +749,10 @@ static PyObject *py_fast_call(PyObject *self, PyObject *const *fa, Py_ssize_t nf
            *is_num = PyTuple_GET_ITEM(plan, 2), *meta_cache = PyTuple_GET_ITEM(plan, 4),
            *codes = PyTuple_GET_ITEM(plan, 5), *empty_strided = PyTuple_GET_ITEM(plan, 6),
            *devices = PyTuple_GET_ITEM(plan, 7), *tensor_type = PyTuple_GET_ITEM(plan, 9),
-           *dtype_type = PyTuple_GET_ITEM(plan, 10);
+           *dtype_type = PyTuple_GET_ITEM(plan, 10), *opname = PyTuple_GET_ITEM(plan, 11);
   int by_value = PyTuple_GET_ITEM(plan, 3) == Py_True, inplace = PyTuple_GET_ITEM(plan, 8) == Py_True;
   if (!PyUnicode_Check(lowering) || !PyTuple_Check(defaults) || !PyBytes_Check(is_num) || !PyDict_Check(meta_cache) ||
-      !PyDict_Check(codes) || !PyDict_Check(devices) || !PyType_Check(tensor_type) || !PyType_Check(dtype_type)) {
+      !PyDict_Check(codes) || !PyDict_Check(devices) || !PyType_Check(tensor_type) || !PyType_Check(dtype_type) || !PyUnicode_Check(opname)) {
     PyErr_SetString(PyExc_TypeError, "internal: malformed fast-path plan");
     return NULL;
   }
@@ -835,7 +829,7 @@ static PyObject *py_fast_call(PyObject *self, PyObject *const *fa, Py_ssize_t nf
   if (!spec || !PyTuple_Check(spec) || PyTuple_GET_SIZE(spec) != 2) goto bail;
   int multi = PyTuple_GET_ITEM(spec, 0) == Py_True;
   PyObject *specs = PyTuple_GET_ITEM(spec, 1);
-  if (!PyTuple_Check(specs) || PyTuple_GET_SIZE(specs) > 8) goto bail;
+  if (!PyTuple_Check(specs) || PyTuple_GET_SIZE(specs) > TP_SPEC_MAX_OUTS) goto bail;
   Py_ssize_t nouts = PyTuple_GET_SIZE(specs);
   if (nouts == 0 && !inplace) goto bail; /* "-> ()" ops: the handler returns None */
   tp_tensor_ref *orefs = &refs[nrefs];
@@ -876,6 +870,18 @@ static PyObject *py_fast_call(PyObject *self, PyObject *const *fa, Py_ssize_t nf
     raise_status(st);
     goto done;
   }
+  tp_op_specs rec = {.n = (int)nouts};
+  for (Py_ssize_t j = 0, o = 0; j < nouts; j++) {
+    tp_out_spec *sp = &rec.out[j];
+    if (!inplace && PyTuple_GET_ITEM(specs, j) == Py_None) continue; /* defined = 0 */
+    const tp_tensor_ref *r = &orefs[inplace ? 0 : o++];
+    *sp = (tp_out_spec){.defined = 1, .dt = r->dt, .rank = r->rank};
+    memcpy(sp->sizes, r->sizes, sizeof(int64_t) * (size_t)r->rank);
+    memcpy(sp->strides, r->strides, sizeof(int64_t) * (size_t)r->rank);
+  }
+  const char *opn = PyUnicode_AsUTF8(opname);
+  if (opn) tp_eager_specs_record(opn, ea, (int)nschema, by_value, &rec);
+  else PyErr_Clear(); /* the op ran; only the record is lost */
   if (inplace || multi) {
     ret = outs;
     outs = NULL;

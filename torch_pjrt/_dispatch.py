@@ -1017,7 +1017,8 @@ def install():
             # The C++ kernel (csrc/glue/fast.cpp) serves calls whose output
             # specs the core has recorded; it hands the rest to this one.
             impl.impl(op, _kernel(h), "PrivateUse2")
-            _register_fast(h)
+            if not _register_fast(h):
+                impl.impl(op, _kernel(h), "PrivateUse1")
     # copy_ hands a conjugate/negative view to _copy_from unresolved; the
     # generic Conjugate/Negative fallback would resolve it with clone, which
     # copies through _copy_from again, without end (a stack overflow, as in
@@ -1097,10 +1098,14 @@ def fast_kernels(enabled):
 
 
 def _register_fast(h):
+    """Register the C++ fast kernel of h's op; False if the op is not one it
+    serves (one returning a list of tensors, or nothing)."""
     err = ctypes.create_string_buffer(512)
-    if _glue().tp_glue_register_fast(h.name.encode(), h.lowering.encode(), bytes(h.number_is_scalar),
-                                   len(h.args_schema), int(h.numbers_by_value), int(h.is_inplace), err, 512):
+    r = _glue().tp_glue_register_fast(h.name.encode(), h.lowering.encode(), bytes(h.number_is_scalar),
+                                      len(h.args_schema), int(h.numbers_by_value), int(h.is_inplace), err, 512)
+    if r < 0:
         raise RuntimeError(f"torch_pjrt: registering the fast kernel of {h.name}: {err.value.decode()}")
+    return r == 0
 
 
 def _direct_ops():

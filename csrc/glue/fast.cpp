@@ -230,8 +230,10 @@ std::mutex g_register_mu;
 
 // Register the fast kernel of `name` ("aten::add.Tensor").  `numbers` has
 // one byte per schema argument: 1 where a Python number is a runtime scalar
-// (the Python handler's number_is_scalar).  Returns 0, or -1 with a message
-// in err.  Called once per op by torch_pjrt/_dispatch.py.
+// (the Python handler's number_is_scalar).  Returns 0; 1 if the op is not
+// one the fast kernels serve (register its Python kernel under PrivateUse1
+// instead); -1 with a message in err.  Called once per op by
+// torch_pjrt/_dispatch.py.
 extern "C" __attribute__((visibility("default"))) int tp_glue_register_fast(
     const char* name, const char* lowering, const char* numbers, int nargs, int numbers_by_value, int inplace,
     char* err, size_t errlen) {
@@ -246,6 +248,11 @@ extern "C" __attribute__((visibility("default"))) int tp_glue_register_fast(
     const c10::FunctionSchema& schema = handle->schema();
     TORCH_CHECK(static_cast<size_t>(nargs) == schema.arguments().size(), full, ": expected ",
                 schema.arguments().size(), " argument flags, got ", nargs);
+    // Only ops returning tensors: a Tensor[] result (one list on the
+    // stack) or none at all stays with the Python kernel.
+    if (schema.returns().empty()) return 1;
+    for (const c10::Argument& r : schema.returns())
+      if (r.real_type()->kind() != c10::TypeKind::TensorType) return 1;
     auto k = std::make_unique<FastKernel>();
     k->op = full;
     k->lowering = lowering;

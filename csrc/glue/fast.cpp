@@ -42,7 +42,7 @@ constexpr size_t kMaxInts = 64;
 
 // How an argument's schema type lets the fast path take it.
 enum ArgClass : char {
-  kPlain = 'p',    // tensors, ints, floats, bools, strings, int lists, dtypes
+  kPlain = 'p',    // tensors, ints, floats, bools, strings, int/bool lists, dtypes
   kNumber = 'n',   // Tensor/Scalar: a Python number here is a runtime scalar
   kOnlyNone = 'x', // devices, layouts, generators, lists of tensors...: only None
 };
@@ -63,7 +63,9 @@ ArgClass classify(const c10::Argument& arg, bool number) {
       return kPlain;
     case c10::TypeKind::ListType: {
       const auto k = t->castRaw<c10::ListType>()->getElementType()->kind();
-      return k == c10::TypeKind::IntType || k == c10::TypeKind::SymIntType ? kPlain : kOnlyNone;
+      return k == c10::TypeKind::IntType || k == c10::TypeKind::SymIntType || k == c10::TypeKind::BoolType
+                 ? kPlain
+                 : kOnlyNone;
     }
     default:
       return kOnlyNone;
@@ -177,8 +179,15 @@ struct FastKernel final : c10::OperatorKernel {
         a->n = static_cast<int>(list.size());
         a->ints = &ints[nints];
         for (const int64_t x : list) ints[nints++] = x;
+      } else if (v.isBoolList()) { // as _C.fast_call reads them: ints 0/1
+        const auto list = v.toBoolList();
+        if (nints + list.size() > kMaxInts) return false;
+        a->kind = TP_ARG_INTS;
+        a->n = static_cast<int>(list.size());
+        a->ints = &ints[nints];
+        for (const bool x : list) ints[nints++] = x;
       } else {
-        return false; // symbolic numbers, float or bool lists, complex numbers
+        return false; // symbolic numbers, float lists, complex numbers
       }
     }
     if (device < 0) return false;

@@ -336,3 +336,43 @@ def test_refusals():
         torch.linalg.inv(tpu(randn(3, 4)))  # not square (PyTorch's own check)
     with pytest.raises(RuntimeError):
         torch.linalg.det(tpu(torch.ones(3, 3, dtype=torch.int64)))
+
+
+# PyTorch hands conjugate and negative views to these ops unresolved (its
+# Conjugate/Negative fallthroughs); the results must still be the logical
+# values', on every path: first call, repeated calls (fast kernels), out=.
+_BITS = {
+    "mm_conj_a": lambda a, b: a.conj() @ b,
+    "mm_conj_b": lambda a, b: a @ b.conj(),
+    "mm_neg": lambda a, b: torch._neg_view(a) @ b,
+    "addmm": lambda a, b: torch.addmm(b.conj(), a.conj(), b, beta=0.5, alpha=2.0),
+    "bmm": lambda a, b: torch.bmm(a.conj()[None], torch._neg_view(b)[None]),
+    "baddbmm": lambda a, b: torch.baddbmm(b[None], a.conj()[None], b[None]),
+    "dot": lambda a, b: torch.dot(a[0].conj(), b[1]),
+    "vdot": lambda a, b: torch.vdot(a[0].conj(), torch._neg_view(b[1])),
+    "conj_physical": lambda a, b: torch.conj_physical(a.conj()),
+    "solve_triangular": lambda a, b: torch.linalg.solve_triangular(
+        (a.triu() + 4 * torch.eye(4, dtype=a.dtype, device=a.device)).conj(), b, upper=True),
+    "mm_out": lambda a, b: torch.mm(a.conj(), b, out=torch.empty(4, 4, dtype=a.dtype, device=a.device)),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.float32])
+@pytest.mark.parametrize("name", sorted(_BITS))
+def test_conjugate_and_negative_views_in_blas_ops(name, dtype):
+    torch.manual_seed(0)
+    a, b = torch.randn(4, 4, dtype=dtype), torch.randn(4, 4, dtype=dtype)
+    want = _BITS[name](a, b)
+    if name == "solve_triangular" and dtype.is_complex:  # complex linalg: a clear "not yet"
+        with pytest.raises(NotImplementedError, match="complex"):
+            _BITS[name](a.to("tpu"), b.to("tpu"))
+        return
+    for _ in range(3):
+        got = _BITS[name](a.to("tpu"), b.to("tpu"))
+        torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-5)
+
+
+def test_writing_into_a_conjugate_view_says_so():
+    a = torch.randn(3, 3, dtype=torch.complex64).to("tpu")
+    with pytest.raises(NotImplementedError, match="conjugate or negative view"):
+        a.conj().addmm_(a, a)

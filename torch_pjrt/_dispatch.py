@@ -463,6 +463,14 @@ class _Handler:
         self.swap = self.lowering in _LU_OF_TRANSPOSE
         self.post = _POST.get(self.lowering)
         self.linalg = bool(self.check_errors or self.swap or self.post)
+        # Ops PyTorch lets see conjugate and negative views unresolved (its
+        # Conjugate/Negative fallthroughs: mm, addmm, bmm, baddbmm, dot, vdot,
+        # linalg_solve_triangular, conj_physical, in their every form), because
+        # its CPU/CUDA kernels fold the bits into BLAS calls.  The rules read
+        # stored values, so the handler resolves the bits first.
+        self.resolves_bits = not _is_view(op) and not self.name.startswith("aten::_copy_from") and any(
+            _fallthrough(self.name, k) for k in ("Conjugate", "Negative"))
+        self.written = {a.name for a in self.args_schema if a.alias_info is not None and a.alias_info.is_write}
         # The C fast path (_C.fast_call) serves plain calls whose output specs
         # are in meta_cache; it returns NotImplemented for anything else.
         self.plan = None
@@ -671,7 +679,38 @@ class _Handler:
                 kwargs = dict(kwargs, **{a.name: wrap(kwargs[a.name])})
         return tuple(args), kwargs
 
+    def _resolve_bits(self, args, kwargs):
+        def resolve(a, v):
+            if isinstance(v, (list, tuple)):
+                return type(v)(resolve(a, x) for x in v)
+            if not isinstance(v, torch.Tensor) or not (v.is_conj() or v.is_neg()):
+                return v
+            if a.name in self.written:
+                raise NotImplementedError(
+                    f"{self.name}: writing into a conjugate or negative view is not supported on the tpu "
+                    f"device yet (torch-pjrt); call .resolve_conj() / .resolve_neg() on '{a.name}' first")
+            return v.resolve_conj().resolve_neg()
+
+        schema = self.args_schema
+        args = tuple(resolve(schema[i], v) if i < len(schema) else v for i, v in enumerate(args))
+        by_name = {a.name: a for a in schema}
+        kwargs = {k: resolve(by_name[k], v) if k in by_name else v for k, v in kwargs.items()}
+        return args, kwargs
+
+    def has_bits(self, args, kwargs):
+        """Whether a tensor argument is a conjugate or negative view this op
+        would see unresolved."""
+        if not self.resolves_bits:
+            return False
+        for v in list(args) + list(kwargs.values()):
+            for t in (v if isinstance(v, (list, tuple)) else (v,)):
+                if isinstance(t, torch.Tensor) and (t.is_conj() or t.is_neg()):
+                    return True
+        return False
+
     def __call__(self, args, kwargs):
+        if self.resolves_bits:
+            args, kwargs = self._resolve_bits(args, kwargs)
         if self.index_lists:
             # index_put rules handle a bool mask themselves (static shapes).
             args, kwargs = self._fix_indices(args, kwargs, "index_put" not in self.name)
@@ -1067,6 +1106,8 @@ def _kernel(h):
     names = [a.name for a in h.args_schema]
 
     def kernel(*args, **kwargs):
+        if h.has_bits(args, kwargs):  # _C.fast_call does not look at the bits
+            return h(args, kwargs)
         flat = args
         if kwargs and kwargs.keys() <= set(names[len(args):]):
             # keyword-only arguments: positional, as the C++ kernel sees them
@@ -1153,6 +1194,13 @@ def _direct_ops():
             if op not in ops:
                 ops.append(op)
     return ops
+
+
+def _fallthrough(name, key):
+    try:
+        return torch._C._dispatch_kernel_for_dispatch_key_is_fallthrough(name, key)
+    except RuntimeError:
+        return False
 
 
 def _is_view(op):

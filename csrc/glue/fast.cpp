@@ -9,7 +9,7 @@
 // lowering (tp_eager_run).  Anything else -- the first calls of a signature,
 // arguments the fast path does not take (CPU tensors other than wrapped
 // numbers, tensor lists, devices, generators, zero-size tensors, mixed
-// devices) -- goes to the Python kernel, which owns the semantics: it checks
+// devices, conjugate or negative views) -- goes to the Python kernel, which owns the semantics: it checks
 // the arguments and computes the specs with PyTorch's meta functions, and
 // records them for the next call.  So this file decides nothing about an op;
 // it only moves values between PyTorch's and the core's representations.
@@ -99,7 +99,9 @@ struct FastKernel final : c10::OperatorKernel {
   // A tpu tensor as the core sees it; false for anything the fast path
   // leaves to Python.
   static bool ref(const at::Tensor& t, int* device, tp_tensor_ref* r) {
-    if (t.device().type() != kTpu || t.dim() > TP_MAX_RANK || t.numel() == 0) return false;
+    // conjugate and negative views: the Python kernel resolves their bits
+    if (t.device().type() != kTpu || t.dim() > TP_MAX_RANK || t.numel() == 0 || t.is_conj() || t.is_neg())
+      return false;
     const int dev = t.device().index();
     if (*device >= 0 && dev != *device) return false;
     *device = dev;

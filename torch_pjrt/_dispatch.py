@@ -467,9 +467,13 @@ class _Handler:
         # Conjugate/Negative fallthroughs: mm, addmm, bmm, baddbmm, dot, vdot,
         # linalg_solve_triangular, conj_physical, in their every form), because
         # its CPU/CUDA kernels fold the bits into BLAS calls.  The rules read
-        # stored values, so the handler resolves the bits first.
-        self.resolves_bits = not _is_view(op) and not self.name.startswith("aten::_copy_from") and any(
-            _fallthrough(self.name, k) for k in ("Conjugate", "Negative"))
+        # stored values, so the handler resolves the bits first.  Not for ops
+        # that read no values (empty_like, full_like: resolve_conj itself
+        # calls empty_like) or apply the bits themselves (_copy_from).
+        base = self.name.split("::")[1].split(".")[0]
+        self.resolves_bits = (self.lowering is not None and self.name not in _NOT_DIRECT and not _is_view(op)
+                              and not base.startswith(("_copy_from", "empty")) and not base.endswith("_like")
+                              and any(_fallthrough(self.name, k) for k in ("Conjugate", "Negative")))
         self.written = {a.name for a in self.args_schema if a.alias_info is not None and a.alias_info.is_write}
         # The C fast path (_C.fast_call) serves plain calls whose output specs
         # are in meta_cache; it returns NotImplemented for anything else.

@@ -9,7 +9,7 @@ import time
 
 from . import report as rep
 from . import runner
-from .harness import DTYPES
+from .harness import ALL_DTYPES, DTYPES
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CI_OPS = os.path.join(HERE, "ci_ops.txt")
@@ -145,7 +145,7 @@ def main(argv=None):
     p.add_argument("--ops", help="comma-separated OpInfo names (name or name.variant_test_name)")
     p.add_argument("--ops-file", help="a file of OpInfo names, one a line")
     p.add_argument("--ci", action="store_true", help="the CI subset (tests/conformance/ci_ops.txt)")
-    p.add_argument("--dtypes", help=f"comma-separated, from {','.join(DTYPES)} (default: all)")
+    p.add_argument("--dtypes", help=f"comma-separated, from {','.join(ALL_DTYPES)} (default: {','.join(DTYPES)})")
     p.add_argument("--grad", dest="grad", action="store_true", default=True, help="compare float32 gradients (default)")
     p.add_argument("--no-grad", dest="grad", action="store_false")
     p.add_argument("--workers", type=int, default=1, help="worker processes (default 1)")
@@ -183,9 +183,9 @@ def main(argv=None):
     dtypes = None
     if args.dtypes:
         dtypes = [s.strip() for s in args.dtypes.split(",") if s.strip()]
-        bad = [d for d in dtypes if d not in DTYPES]
+        bad = [d for d in dtypes if d not in ALL_DTYPES]
         if bad:
-            raise SystemExit(f"unknown dtype(s) {bad}; choose from {list(DTYPES)}")
+            raise SystemExit(f"unknown dtype(s) {bad}; choose from {list(ALL_DTYPES)}")
 
     previous = None
     previous_meta = {}

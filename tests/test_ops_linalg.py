@@ -376,3 +376,14 @@ def test_writing_into_a_conjugate_view_says_so():
     a = torch.randn(3, 3, dtype=torch.complex64).to("tpu")
     with pytest.raises(NotImplementedError, match="conjugate or negative view"):
         a.conj().addmm_(a, a)
+
+
+def test_resolving_bits_on_the_device():
+    # resolve_conj/resolve_neg go through empty_like and copy_, which must not
+    # resolve again (fft.hfft recursed without end when they did)
+    a = torch.randn(5, 6, 7, dtype=torch.complex64)
+    t = a.to("tpu")
+    for _ in range(2):
+        torch.testing.assert_close(t.conj().resolve_conj().cpu(), a.conj())
+        torch.testing.assert_close(torch._neg_view(t).resolve_neg().cpu(), -a)
+        torch.testing.assert_close(torch.fft.hfft(t, n=7).cpu(), torch.fft.hfft(a, n=7))

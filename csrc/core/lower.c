@@ -164,6 +164,13 @@ const char *tp_scalar_type_name(tp_dtype d) {
   }
 }
 
+tp_val lw_abs(tp_emit *e, tp_val x) {
+  tp_type t = *em_type(e, x);
+  if (t.dt == TP_C64) t.dt = TP_F32;
+  else if (t.dt == TP_C128) t.dt = TP_F64;
+  return em_op(e, "stablehlo.abs", NULL, &x, 1, &t);
+}
+
 tp_val lw_not_for(tp_emit *e, const char *what, tp_dtype d) {
   return em_fail(e, TP_UNIMPLEMENTED, "\"%s\" not implemented for '%s'", what, tp_scalar_type_name(d));
 }

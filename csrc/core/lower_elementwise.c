@@ -332,7 +332,8 @@ static void r_lerp(tp_emit *e, const tp_node *n, tp_val *o) {
   tp_val a = opnd(e, n, 0, &ct), b = opnd(e, n, 1, &ct), w = opnd(e, n, 2, &ct);
   tp_val d = sub(e, b, a);
   tp_val lo = add(e, a, mul(e, w, d)), hi = sub(e, b, mul(e, d, sub(e, k(e, w, 1), w)));
-  tp_val small = em_compare(e, "LT", un(e, "stablehlo.abs", w), k(e, w, 0.5));
+  tp_val aw = lw_abs(e, w);
+  tp_val small = em_compare(e, "LT", aw, k(e, aw, 0.5));
   o[0] = finish(e, n, em_select(e, small, lo, hi));
 }
 
@@ -441,9 +442,7 @@ static void r_abs(tp_emit *e, const tp_node *n, tp_val *o) {
   tp_val x = lw_value(e, n, 0);
   const tp_type *t = em_type(e, x);
   if (isc(t->dt)) {
-    tp_type r = *t;
-    r.dt = t->dt == TP_C64 ? TP_F32 : TP_F64;
-    o[0] = finish(e, n, em_op(e, "stablehlo.abs", NULL, &x, 1, &r));
+    o[0] = finish(e, n, lw_abs(e, x));
     return;
   }
   if (t->dt == TP_BOOL) {

@@ -476,6 +476,10 @@ static void r_std_mean(tp_emit *e, const tp_node *n, tp_val *o) { var_like(e, n,
  * infinities replaced by 0 (so all -inf gives -inf and +inf gives +inf). */
 static void r_logsumexp(tp_emit *e, const tp_node *n, tp_val *o) {
   tp_dtype ct = lw_opmath(n->outs[0].dt);
+  if (tp_dtype_is_complex(ct)) {
+    o[0] = em_fail(e, TP_UNIMPLEMENTED, "%s: complex input is not supported", n->op);
+    return;
+  }
   tp_val x = em_convert(e, lw_value(e, n, 0), ct);
   int64_t dims[TP_MAX_RANK];
   int nd = red_dims(e, n, 1, rank_of(e, x), 1, dims);
@@ -518,9 +522,7 @@ static void r_vector_norm(tp_emit *e, const tp_node *n, tp_val *o) {
   for (int b = 0; b < 6 && !em_failed(e); b++) {
     tp_val a;
     if (is_cplx) {
-      tp_type at = *em_type(e, x);
-      at.dt = at.dt == TP_C64 ? TP_F32 : TP_F64;
-      a = em_convert(e, em_op(e, "stablehlo.abs", NULL, &x, 1, &at), ct);
+      a = em_convert(e, lw_abs(e, x), ct);
     } else {
       a = un(e, "stablehlo.abs", em_convert(e, x, ct));
     }

@@ -40,6 +40,9 @@ tp_val lw_value(tp_emit *e, const tp_node *n, int i);
 /* Scalar or tensor argument i, converted to dt and broadcast to type t. */
 tp_val lw_operand(tp_emit *e, const tp_node *n, int i, const tp_type *t);
 
+/* |x|; of a complex value, its real magnitude (f32 for c64, f64 for c128). */
+tp_val lw_abs(tp_emit *e, tp_val x);
+
 /* ---- dtypes ----------------------------------------------------------- */
 /* PyTorch's ScalarType name of a dtype ("Float", "BFloat16", "Bool"). */
 const char *tp_scalar_type_name(tp_dtype d);

@@ -584,14 +584,16 @@ F64_FROM = (torch.float16, torch.bfloat16, torch.float32)
 
 def _as_f64(parts, requires_grad=False):
     """parts (input, args, kwargs) with floating tensors (and dtype keyword
-    arguments) of F64_FROM made float64; leaves keep requires_grad."""
+    arguments) of F64_FROM made float64, complex64 ones complex128; leaves
+    keep requires_grad."""
     def up(t):
-        if t.dtype not in F64_FROM:
+        if t.dtype not in F64_FROM and t.dtype != torch.complex64:
             return t.detach().clone()
-        r = t.detach().to(torch.float64)
+        r = t.detach().to(torch.complex128 if t.dtype == torch.complex64 else torch.float64)
         return r.requires_grad_(True) if requires_grad and t.requires_grad else r
     inp, args, kwargs = _map(up, parts)
-    kwargs = {k: (torch.float64 if k == "dtype" and v in F64_FROM else v) for k, v in kwargs.items()}
+    kwargs = {k: (torch.float64 if k == "dtype" and v in F64_FROM else
+                  torch.complex128 if k == "dtype" and v == torch.complex64 else v) for k, v in kwargs.items()}
     return inp, args, kwargs
 
 

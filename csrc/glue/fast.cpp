@@ -130,6 +130,17 @@ struct FastKernel final : c10::OperatorKernel {
     }
   }
 
+  // An int or bool list as TP_ARG_INTS, its values appended to ints.
+  template <class List>
+  static bool ints_arg(const List& list, tp_arg* a, int64_t* ints, size_t* nints) {
+    if (*nints + list.size() > kMaxInts) return false;
+    a->kind = TP_ARG_INTS;
+    a->n = static_cast<int>(list.size());
+    a->ints = &ints[*nints];
+    for (const auto x : list) ints[(*nints)++] = static_cast<int64_t>(x);
+    return true;
+  }
+
   bool run(torch::jit::Stack& stack) const {
     const size_t n = cls.size();
     if (n > kMaxArgs || stack.size() < n) return false;
@@ -175,19 +186,9 @@ struct FastKernel final : c10::OperatorKernel {
         a->kind = TP_ARG_STR;
         a->s = v.toStringRef().c_str(); // lives on the stack until we pop it
       } else if (v.isIntList()) {
-        const auto list = v.toIntList();
-        if (nints + list.size() > kMaxInts) return false;
-        a->kind = TP_ARG_INTS;
-        a->n = static_cast<int>(list.size());
-        a->ints = &ints[nints];
-        for (const int64_t x : list) ints[nints++] = x;
+        if (!ints_arg(v.toIntList(), a, ints, &nints)) return false;
       } else if (v.isBoolList()) { // as _C.fast_call reads them: ints 0/1
-        const auto list = v.toBoolList();
-        if (nints + list.size() > kMaxInts) return false;
-        a->kind = TP_ARG_INTS;
-        a->n = static_cast<int>(list.size());
-        a->ints = &ints[nints];
-        for (const bool x : list) ints[nints++] = x;
+        if (!ints_arg(v.toBoolList(), a, ints, &nints)) return false;
       } else {
         return false; // symbolic numbers, float lists, complex numbers
       }

@@ -354,3 +354,35 @@ def test_mlp_matches_cpu():
         opt_t.step()
     for pc, pt in zip(model.parameters(), tm.parameters()):
         assert torch.allclose(pt.cpu(), pc, atol=1e-6)
+
+
+def test_forward_mode_ad_and_torch_func():
+    # forward-mode AD creates ZeroTensors (_efficientzerotensor) on the device
+    import torch.autograd.forward_ad as fwAD
+    from torch.func import grad, jacfwd, jacrev, jvp, vmap
+
+    torch.manual_seed(0)
+    x, t = torch.randn(3, 3), torch.randn(3, 3)
+
+    def f(a):
+        return (a.sin() * 2).exp() @ a
+
+    tangents = []
+    for dev in ("tpu", "cpu"):
+        with fwAD.dual_level():
+            out = f(fwAD.make_dual(x.to(dev), t.to(dev)))
+            tangents.append(fwAD.unpack_dual(out).tangent.cpu())
+    torch.testing.assert_close(tangents[0], tangents[1], rtol=1e-5, atol=1e-5)
+    z = torch._efficientzerotensor(2, 3, device="tpu")
+    assert z._is_zerotensor() and z.device.type == "tpu"
+    torch.testing.assert_close((x[:2].to("tpu") + z).cpu(), x[:2])
+
+    def g(a):
+        return (a.tanh() ** 2).sum(0)
+
+    xt = x.to("tpu")
+    for fn in (jacfwd(g), jacrev(g), vmap(g), grad(lambda a: g(a).sum())):
+        torch.testing.assert_close(fn(xt).cpu(), fn(x), rtol=1e-5, atol=1e-6)
+    p, tg = jvp(g, (xt,), (t.to("tpu"),))
+    p0, tg0 = jvp(g, (x,), (t,))
+    torch.testing.assert_close((p.cpu(), tg.cpu()), (p0, tg0), rtol=1e-5, atol=1e-6)

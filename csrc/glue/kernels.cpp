@@ -20,6 +20,7 @@
 #include <ATen/EmptyTensor.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/native/Resize.h>
+#include <ATen/native/TensorFactories.h>
 #include <ATen/ops/_reshape_alias_native.h>
 #include <ATen/ops/as_strided_native.h>
 #include <ATen/ops/is_set_to_native.h>
@@ -73,6 +74,23 @@ at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride,
   return at::detail::empty_strided_generic(size, stride, allocator(),
                                            kTpuKeys,
                                            c10::dtype_or_default(dtype));
+}
+
+// A ZeroTensor: all zeros by definition, no storage behind it (as the CPU
+// kernel makes it).  Autograd's forward mode and some backward formulas
+// create them; PyTorch's ZeroTensor fallback turns them into real zeros
+// (at::zeros) before any kernel of ours reads one.
+at::Tensor efficientzerotensor(c10::IntArrayRef size,
+                               std::optional<c10::ScalarType> dtype,
+                               std::optional<c10::Layout> layout,
+                               std::optional<c10::Device> device,
+                               std::optional<bool> pin_memory) {
+  const c10::Device dev = c10::device_or_default(device);
+  check_options(dev, layout, pin_memory);
+  at::native::ZeroTensorAllocator zeros(dev);
+  return at::detail::empty_generic(
+      size, &zeros, kTpuKeys | c10::DispatchKeySet(c10::DispatchKey::ZeroTensor),
+      c10::dtype_or_default(dtype), std::nullopt);
 }
 
 // Grow (never shrink) the storage so `nbytes` from its start are valid, as
@@ -136,6 +154,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   // Tensor creation: PyTorch's generic constructors with our allocator.
   m.impl("empty.memory_format", empty_memory_format);
   m.impl("empty_strided", empty_strided);
+  m.impl("_efficientzerotensor", efficientzerotensor);
   // Views: ATen's device-independent metadata implementations.
   m.impl("as_strided", at::native::as_strided_tensorimpl);
   m.impl("view", at::native::view);

@@ -386,3 +386,59 @@ def test_forward_mode_ad_and_torch_func():
     p, tg = jvp(g, (xt,), (t.to("tpu"),))
     p0, tg0 = jvp(g, (x,), (t,))
     torch.testing.assert_close((p.cpu(), tg.cpu()), (p0, tg0), rtol=1e-5, atol=1e-6)
+
+
+def test_autocast_casts_like_cuda():
+    # torch.autocast("tpu") uses PyTorch's CUDA op lists: matmuls in the
+    # autocast dtype, softmax/losses/norms in float32; default dtype bfloat16
+    torch.manual_seed(0)
+    x, w = torch.randn(4, 8), torch.randn(8, 8)
+    tgt = torch.tensor([1, 2, 3, 4])
+    xt, wt = x.to("tpu"), w.to("tpu")
+    assert torch.get_autocast_dtype("tpu") == torch.bfloat16
+    with torch.autocast("tpu"):
+        y = xt @ wt
+        z = torch.softmax(y, -1)
+        loss = torch.nn.functional.cross_entropy(y, tgt.to("tpu"))
+        ln = torch.nn.functional.layer_norm(y, (8,))
+    assert (y.dtype, z.dtype, loss.dtype, ln.dtype) == (torch.bfloat16,) + (torch.float32,) * 3
+    y_ref = x.bfloat16() @ w.bfloat16()
+    torch.testing.assert_close(y.cpu(), y_ref, rtol=0, atol=0)
+    torch.testing.assert_close(z.cpu(), torch.softmax(y_ref.float(), -1))
+    # cross_entropy is on no list: log_softmax runs in bfloat16, nll_loss in float32 (as on CUDA)
+    torch.testing.assert_close(loss.cpu(), torch.nn.functional.nll_loss(torch.log_softmax(y_ref, 1).float(), tgt))
+    with torch.autocast("tpu", dtype=torch.float16):
+        assert (xt @ wt).dtype == torch.float16
+    assert (xt @ wt).dtype == torch.float32
+
+
+@pytest.mark.parametrize("poison", [False, True])
+def test_grad_scaler(poison):
+    # GradScaler's unscale/update ops on the device, with a step skipped on inf
+    def run(dev):
+        torch.manual_seed(0)
+        m = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4)).to(dev)
+        opt = torch.optim.SGD(m.parameters(), lr=0.1)
+        scaler = torch.amp.GradScaler(dev, init_scale=2.0 ** 10, growth_interval=2)
+        x = torch.randn(16, 8).to(dev)
+        hist = []
+        for i in range(6):
+            with torch.autocast(dev, dtype=torch.bfloat16):
+                loss = m(x).float().pow(2).mean()
+            scaler.scale(loss).backward()
+            if poison and i == 3:
+                m[0].weight.grad[0, 0] = float("inf")
+            scaler.step(opt)
+            scaler.update()
+            opt.zero_grad()
+            hist.append((loss.item(), scaler.get_scale()))
+        return hist, [p.detach().cpu() for p in m.parameters()]
+
+    (h_tpu, p_tpu), (h_cpu, p_cpu) = run("tpu"), run("cpu")
+    assert [s for _, s in h_tpu] == [s for _, s in h_cpu]
+    if poison:
+        assert h_tpu[3][1] == h_tpu[2][1] / 2  # backed off, step skipped
+    for (a, _), (b, _) in zip(h_tpu, h_cpu):
+        assert abs(a - b) <= 1e-4 * abs(b)
+    for a, b in zip(p_tpu, p_cpu):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)

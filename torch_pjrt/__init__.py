@@ -51,6 +51,10 @@ from . import device as _device_mod  # noqa: E402
 
 torch._register_device_module("tpu", _device_mod)
 torch.utils.generate_methods_for_privateuse1_backend(for_tensor=True, for_module=True, for_storage=True)
+# torch.autocast("tpu") without a dtype: bfloat16, the TPU's native mixed
+# precision (PyTorch's default for a PrivateUse1 device is float16).
+if hasattr(torch, "set_autocast_dtype"):
+    torch.set_autocast_dtype("tpu", torch.bfloat16)
 
 from . import _dispatch  # noqa: E402
 

@@ -1020,7 +1020,35 @@ def _cholesky(self, upper=False):
     return L
 
 
+def _amp_unscale(grads, found_inf, inv_scale):
+    """GradScaler's unscale (CUDA's kernel, in tpu ops, so the step never
+    waits for the device): every gradient times inv_scale, in place, and
+    found_inf set to 1 when any holds an inf or NaN."""
+    for g in grads:
+        bad = torch.logical_not(torch.isfinite(g)).any().to(found_inf.dtype)
+        found_inf.copy_(torch.maximum(found_inf, bad))
+        g.mul_(inv_scale)
+
+
+def _amp_update_scale(scale, growth_tracker, found_inf, growth_factor, backoff_factor, growth_interval):
+    """GradScaler's update (CUDA's kernel): back off after an inf/NaN step;
+    grow after growth_interval good steps in a row, if the grown scale is
+    finite."""
+    found = found_inf > 0
+    successful = growth_tracker + 1
+    grown = scale * growth_factor
+    grow = torch.logical_and(torch.logical_not(found), successful == growth_interval)
+    new_scale = torch.where(found, scale * backoff_factor,
+                            torch.where(torch.logical_and(grow, torch.isfinite(grown)), grown, scale))
+    tracker = torch.where(torch.logical_or(found, grow), torch.zeros_like(successful), successful)
+    scale.copy_(new_scale)
+    growth_tracker.copy_(tracker)
+    return scale
+
+
 _SPECIAL = {
+    "aten::_amp_foreach_non_finite_check_and_unscale_": _amp_unscale,
+    "aten::_amp_update_scale_": _amp_update_scale,
     "aten::cholesky": _cholesky,
     "aten::_fused_sdp_choice": _fused_sdp_choice,
     "aten::_copy_from": _copy_from,

@@ -129,6 +129,17 @@ def set_rng_state_all(new_states) -> None:
         set_rng_state(state, i)
 
 
+def get_amp_supported_dtype() -> list:
+    """The dtypes torch.autocast("tpu", dtype=...) takes (PyTorch asks the
+    device module).  TPUs compute bfloat16 natively; float16 works too (the
+    XLA CPU plugin computes both)."""
+    return [torch.bfloat16, torch.float16]
+
+
+def is_bf16_supported(including_emulation: bool = True) -> bool:
+    return True
+
+
 def _is_in_bad_fork() -> bool:
     return False
 

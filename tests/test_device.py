@@ -442,3 +442,21 @@ def test_grad_scaler(poison):
         assert abs(a - b) <= 1e-4 * abs(b)
     for a, b in zip(p_tpu, p_cpu):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_streams_and_events():
+    # torch.cuda-like handles for the device's one in-order stream
+    s = torch.tpu.current_stream()
+    assert s.device == torch.device("tpu", 0) and s == torch.tpu.default_stream()
+    x = torch.randn(64, 64).to("tpu")
+    y = x @ x
+    ev = torch.tpu.Event()
+    ev.record(s)
+    ev.synchronize()
+    assert ev.query() and s.query()
+    with torch.tpu.stream(torch.tpu.Stream()):
+        z = y + 1
+    s.synchronize()
+    torch.testing.assert_close(z.cpu(), x.cpu() @ x.cpu() + 1, rtol=1e-4, atol=1e-4)
+    with pytest.raises(RuntimeError, match="no timestamps"):
+        torch.tpu.Event(enable_timing=True)

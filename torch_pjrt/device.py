@@ -1,4 +1,6 @@
 """torch.tpu: the device module, shaped like torch.cuda."""
+import contextlib
+
 import torch
 
 from . import _C
@@ -58,6 +60,44 @@ class device:
 def synchronize(device=None) -> None:
     """Wait until all work queued on the device has finished."""
     _C.synchronize(_index(device))
+
+
+# ---- streams and events ------------------------------------------------------
+# One in-order stream per device: ops run asynchronously but in the order
+# they were issued, so every stream handle is that stream, and waiting on an
+# event or stream waits for the device.  These wrap torch.accelerator's
+# generic objects, which the C++ device guard serves.
+
+
+def current_stream(device=None) -> torch.Stream:
+    return torch.accelerator.current_stream(_index(device))
+
+
+default_stream = current_stream
+
+
+def Stream(device=None, priority=0) -> torch.Stream:  # noqa: N802 (torch.cuda.Stream's name)
+    return torch.Stream(device=torch.device("tpu", _index(device)), priority=priority)
+
+
+def Event(enable_timing=False, blocking=False, interprocess=False) -> torch.Event:  # noqa: N802
+    if enable_timing:
+        raise RuntimeError("tpu events carry no timestamps; time with time.perf_counter() "
+                           "after torch.tpu.synchronize()")
+    return torch.Event(device="tpu", enable_timing=False, blocking=blocking, interprocess=interprocess)
+
+
+def set_stream(stream) -> None:
+    if stream is not None and stream.device.type != "tpu":
+        raise ValueError(f"expected a tpu stream, got one on {stream.device}")
+
+
+@contextlib.contextmanager
+def stream(s):
+    """torch.cuda.stream's counterpart: work inside runs on `s`, which is the
+    device's one stream."""
+    set_stream(s)
+    yield s
 
 
 def get_device_name(device=None) -> str:

@@ -836,3 +836,32 @@ def test_linear_cross_entropy_chunked_accumulates_in_float32(dtype, reduction):
     cpu = F.linear_cross_entropy(x, w, t, linear_bias=b, reduction=reduction, options=opts)
     torch.testing.assert_close(got.cpu().double(), ref, rtol=2e-2, atol=1e-3)
     torch.testing.assert_close(got.cpu(), cpu, rtol=2e-2, atol=1e-3)
+
+
+@pytest.mark.parametrize("kind", ["LSTM", "GRU", "LSTMCell", "GRUCell", "LSTM_proj"])
+@pytest.mark.parametrize("bias", [True, False])
+def test_recurrent_layers_forward_and_backward(kind, bias):
+    # on a PrivateUse1 device PyTorch's RNNs call the fused cell ops CUDA
+    # implements (_thnn_fused_lstm_cell, _thnn_fused_gru_cell) and their backward
+    import copy
+
+    import torch.nn as nn
+
+    torch.manual_seed(0)
+    if kind in ("LSTM", "GRU"):
+        m = getattr(nn, kind)(6, 5, num_layers=2, batch_first=True, bias=bias, bidirectional=True)
+        x = torch.randn(3, 7, 6)
+    elif kind == "LSTM_proj":
+        m, x = nn.LSTM(6, 5, proj_size=3, bias=bias), torch.randn(7, 3, 6)
+    else:
+        m, x = getattr(nn, kind)(6, 5, bias=bias), torch.randn(3, 6)
+    mt = copy.deepcopy(m).to("tpu")
+    xc, xt = x.clone().requires_grad_(), x.to("tpu").requires_grad_()
+    oc, ot = m(xc), mt(xt)
+    oc, ot = (oc[0], ot[0]) if isinstance(oc, tuple) else (oc, ot)
+    oc.pow(2).sum().backward()
+    ot.pow(2).sum().backward()
+    torch.testing.assert_close(ot.cpu(), oc, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(xt.grad.cpu(), xc.grad, rtol=1e-5, atol=1e-6)
+    for a, b in zip(mt.parameters(), m.parameters()):
+        torch.testing.assert_close(a.grad.cpu(), b.grad, rtol=1e-4, atol=1e-5)

@@ -61,6 +61,20 @@ static uint64_t hash_bytes(const unsigned char *p, size_t n) {
   return h;
 }
 
+/* The key bytes of a non-tensor argument, shared by the program key and the
+ * output-spec key: a runtime scalar by its dtype (and wrapping) only, every
+ * other value in full. */
+static void key_value_arg(kbuf *k, const tp_arg *a) {
+  switch (a->kind) {
+    case TP_ARG_SCALAR: kb_i64(k, a->sdt * 2 + (a->wrapped != 0)); break;
+    case TP_ARG_INT: case TP_ARG_BOOL: kb_i64(k, a->i); break;
+    case TP_ARG_FLOAT: kb_put(k, &a->f, sizeof a->f); break;
+    case TP_ARG_INTS: kb_i64(k, a->n); kb_put(k, a->ints, sizeof(int64_t) * (size_t)a->n); break;
+    case TP_ARG_STR: kb_put(k, a->s, strlen(a->s) + 1); break;
+    case TP_ARG_TENSOR: case TP_ARG_TENSORS: case TP_ARG_NONE: break;
+  }
+}
+
 /* ---- program cache ----------------------------------------------------------- */
 
 typedef enum { SRC_STORAGE, SRC_SCALAR, SRC_RNG } src_kind;
@@ -244,28 +258,18 @@ static int spec_key(kbuf *k, const char *op, const tp_eager_arg *args, int nargs
   for (int i = 0; i < nargs; i++) {
     const tp_arg *a = &args[i].a;
     kb_i64(k, a->kind);
-    switch (a->kind) {
-      case TP_ARG_TENSOR: {
-        const tp_tensor_ref *r = args[i].t;
-        kb_i64(k, r->dt);
-        kb_i64(k, r->rank);
-        kb_put(k, r->sizes, sizeof(int64_t) * (size_t)r->rank);
-        kb_put(k, r->strides, sizeof(int64_t) * (size_t)r->rank);
-        break;
-      }
-      case TP_ARG_SCALAR:
-        kb_i64(k, a->sdt * 2 + (a->wrapped != 0));
-        if (by_value) {
-          kb_i64(k, a->i);
-          kb_put(k, &a->f, sizeof a->f);
-        }
-        break;
-      case TP_ARG_INT: case TP_ARG_BOOL: kb_i64(k, a->i); break;
-      case TP_ARG_FLOAT: kb_put(k, &a->f, sizeof a->f); break;
-      case TP_ARG_INTS: kb_i64(k, a->n); kb_put(k, a->ints, sizeof(int64_t) * (size_t)a->n); break;
-      case TP_ARG_STR: kb_put(k, a->s, strlen(a->s) + 1); break;
-      case TP_ARG_TENSORS: return 0;
-      case TP_ARG_NONE: break;
+    if (a->kind == TP_ARG_TENSORS) return 0;
+    if (a->kind == TP_ARG_TENSOR) {
+      const tp_tensor_ref *r = args[i].t;
+      kb_i64(k, r->dt);
+      kb_i64(k, r->rank);
+      kb_put(k, r->sizes, sizeof(int64_t) * (size_t)r->rank);
+      kb_put(k, r->strides, sizeof(int64_t) * (size_t)r->rank);
+    }
+    key_value_arg(k, a);
+    if (a->kind == TP_ARG_SCALAR && by_value) {
+      kb_i64(k, a->i);
+      kb_put(k, &a->f, sizeof a->f);
     }
   }
   return !k->oom;
@@ -805,21 +809,16 @@ static void build_key(kbuf *k, tp_lower_ctx *c, const char *op, const tp_eager_a
   for (int i = 0; i < nargs; i++) {
     const tp_arg *a = &args[i].a;
     kb_i64(k, a->kind);
-    switch (a->kind) {
-      case TP_ARG_TENSOR: key_ref(k, c, args[i].t); break;
-      case TP_ARG_SCALAR: kb_i64(k, a->sdt * 2 + (a->wrapped != 0)); break;
-      case TP_ARG_INT: case TP_ARG_BOOL: kb_i64(k, a->i); break;
-      case TP_ARG_FLOAT: kb_put(k, &a->f, sizeof a->f); break;
-      case TP_ARG_INTS: kb_i64(k, a->n); kb_put(k, a->ints, sizeof(int64_t) * (size_t)a->n); break;
-      case TP_ARG_STR: kb_put(k, a->s, strlen(a->s) + 1); break;
-      case TP_ARG_TENSORS:
-        kb_i64(k, a->n);
-        for (int j = 0; j < a->n; j++) {
-          if (args[i].ts[j]) key_ref(k, c, args[i].ts[j]);
-          else kb_i64(k, -1);
-        }
-        break;
-      case TP_ARG_NONE: break;
+    if (a->kind == TP_ARG_TENSOR) {
+      key_ref(k, c, args[i].t);
+    } else if (a->kind == TP_ARG_TENSORS) {
+      kb_i64(k, a->n);
+      for (int j = 0; j < a->n; j++) {
+        if (args[i].ts[j]) key_ref(k, c, args[i].ts[j]);
+        else kb_i64(k, -1);
+      }
+    } else {
+      key_value_arg(k, a);
     }
   }
   for (int i = 0; i < nouts; i++) {

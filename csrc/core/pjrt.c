@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <pjrt_c_api.h>
 
@@ -33,13 +34,16 @@ struct tp_plugin {
   int num_devices;
   PJRT_Device **devices; /* addressable devices, index = our device id */
   char **device_kinds;
-  pthread_mutex_t mem_lock; /* guards mem[] */
+  pthread_mutex_t mem_lock; /* guards mem[] and starting the reaper */
   tp_mem_stats *mem;        /* one per device */
+  pid_t pid;                /* the process that created the client */
+  struct reaper *reaper;    /* destroys freed buffers; see tp_buffer_free */
 };
 
 struct tp_buffer {
   tp_plugin *p;
   PJRT_Buffer *buf;
+  struct tp_buffer *next; /* in the reaper's queue */
   tp_dtype dtype;
   int device;
   int ndim;
@@ -429,8 +433,11 @@ static tp_status *read_devices(tp_plugin *p) {
   return NULL;
 }
 
+static void reaper_stop(tp_plugin *p);
+
 static void plugin_free(tp_plugin *p) {
   if (!p) return;
+  reaper_stop(p);
   if (p->client) destroy_client(p->api, p->client);
   if (p->device_kinds)
     for (int i = 0; i < p->num_devices; i++) free(p->device_kinds[i]);
@@ -457,6 +464,7 @@ tp_status *tp_plugin_load(const char *path, const tp_plugin_options *opts,
   tp_plugin *p = calloc(1, sizeof *p);
   if (!p) return out_of_memory("loading a PJRT plugin");
   pthread_mutex_init(&p->mem_lock, NULL);
+  p->pid = getpid();
   p->api = api;
   p->path = copy_string(path, strlen(path));
   if (!p->path) {
@@ -808,11 +816,117 @@ tp_status *tp_buffer_await(tp_buffer *b) {
   return await_event(p->api, a.event, "waiting for a buffer");
 }
 
+/* ---- freeing buffers ------------------------------------------------------
+ * PJRT_Buffer_Destroy blocks until every program that reads the buffer has
+ * finished.  Dropping a tensor must not make the host wait for the device
+ * (that would undo asynchronous execution), so freed buffers go to a queue
+ * that one helper thread per plugin drains.  The byte count drops at once.
+ * A full queue (the host far ahead of the device) makes the caller destroy
+ * the buffer itself, and so wait: that bounds the memory held by freed
+ * buffers.  In a forked child the plugin's threads do not exist, and the
+ * buffer is left to the parent. */
+
+#define REAPER_MAX_PENDING 4096
+
+struct reaper {
+  pthread_mutex_t lock;
+  pthread_cond_t wake;
+  pthread_t thread;
+  tp_buffer *head, *tail;
+  int pending;
+  bool stop;
+};
+
+static void destroy_buffer_now(tp_buffer *b) {
+  destroy_pjrt_buffer(b->p->api, b->buf);
+  free(b);
+}
+
+static void *reaper_main(void *arg) {
+  struct reaper *r = arg;
+  pthread_mutex_lock(&r->lock);
+  for (;;) {
+    while (!r->head && !r->stop) pthread_cond_wait(&r->wake, &r->lock);
+    if (!r->head) break; /* stopping, and nothing left */
+    tp_buffer *list = r->head;
+    r->head = r->tail = NULL;
+    r->pending = 0;
+    pthread_mutex_unlock(&r->lock);
+    while (list) {
+      tp_buffer *next = list->next;
+      destroy_buffer_now(list);
+      list = next;
+    }
+    pthread_mutex_lock(&r->lock);
+  }
+  pthread_mutex_unlock(&r->lock);
+  return NULL;
+}
+
+/* The plugin's reaper, started on first use; NULL if it cannot run. */
+static struct reaper *reaper_get(tp_plugin *p) {
+  pthread_mutex_lock(&p->mem_lock);
+  struct reaper *r = p->reaper;
+  if (!r) {
+    r = calloc(1, sizeof *r);
+    if (r) {
+      pthread_mutex_init(&r->lock, NULL);
+      pthread_cond_init(&r->wake, NULL);
+      if (pthread_create(&r->thread, NULL, reaper_main, r) != 0) {
+        pthread_cond_destroy(&r->wake);
+        pthread_mutex_destroy(&r->lock);
+        free(r);
+        r = NULL;
+      }
+    }
+    p->reaper = r;
+  }
+  pthread_mutex_unlock(&p->mem_lock);
+  return r;
+}
+
+/* Destroy every queued buffer and end the thread (before the client goes). */
+static void reaper_stop(tp_plugin *p) {
+  struct reaper *r = p->reaper;
+  if (!r) return;
+  pthread_mutex_lock(&r->lock);
+  r->stop = true;
+  pthread_cond_signal(&r->wake);
+  pthread_mutex_unlock(&r->lock);
+  pthread_join(r->thread, NULL);
+  pthread_cond_destroy(&r->wake);
+  pthread_mutex_destroy(&r->lock);
+  free(r);
+  p->reaper = NULL;
+}
+
 void tp_buffer_free(tp_buffer *b) {
   if (!b) return;
-  destroy_pjrt_buffer(b->p->api, b->buf);
-  mem_sub(b->p, b->device, b->nbytes);
-  free(b);
+  tp_plugin *p = b->p;
+  mem_sub(p, b->device, b->nbytes);
+  if (getpid() != p->pid) {
+    free(b);
+    return;
+  }
+  struct reaper *r = reaper_get(p);
+  if (r) {
+    pthread_mutex_lock(&r->lock);
+    bool queued = r->pending < REAPER_MAX_PENDING;
+    if (queued) {
+      b->next = NULL;
+      if (r->tail) {
+        r->tail->next = b;
+      } else { /* the thread waits only on an empty queue */
+        r->head = b;
+        pthread_cond_signal(&r->wake);
+      }
+      r->tail = b;
+      r->pending++;
+    }
+    pthread_mutex_unlock(&r->lock);
+    if (queued) return;
+  }
+  destroy_buffer_now(b);
 }
 
 tp_dtype tp_buffer_dtype(const tp_buffer *b) { return b->dtype; }

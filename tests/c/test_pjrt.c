@@ -376,6 +376,53 @@ TEST(test_execute_two_outputs) {
   tp_exec_free(e);
 }
 
+/* Freeing inputs while the program that reads them may still run: the
+ * outputs stay right, and the byte count drops at once (the PJRT buffers
+ * are destroyed later, off the caller's thread). */
+TEST(test_free_while_running) {
+  tp_exec *e = compile(kDotAndSum);
+  if (!e) return;
+  const int64_t d32[] = {3, 2};
+  const float bm[6] = {1, 0, 0, 1, 1, 1};
+  tp_mem_stats before, after;
+  CHECK_OK(tp_plugin_mem_stats(P, 0, &before));
+  tp_buffer *a = make_f32(0, kA, k2x3, 2);
+  tp_buffer *b = make_f32(0, bm, d32, 2);
+  tp_buffer *args[2] = {a, b};
+  tp_buffer *out[2] = {NULL, NULL};
+  CHECK_OK(tp_execute(e, 0, args, 2, 0, out, 2));
+  tp_buffer_free(a);
+  tp_buffer_free(b);
+  if (out[0] && out[1]) {
+    CHECK_OK(tp_plugin_mem_stats(P, 0, &after));
+    CHECK_EQ_INT(after.bytes_in_use, before.bytes_in_use + 16 + 4);
+    float dot[4] = {0}, sum = 0;
+    CHECK_OK(tp_buffer_to_host(out[0], dot, sizeof dot));
+    CHECK(dot[0] == 4 && dot[1] == 5 && dot[2] == 10 && dot[3] == 11);
+    CHECK_OK(tp_buffer_to_host(out[1], &sum, sizeof sum));
+    CHECK(sum == 21);
+  }
+  tp_buffer_free(out[0]);
+  tp_buffer_free(out[1]);
+  tp_exec_free(e);
+}
+
+/* More frees than the queue holds: the rest are destroyed by the caller. */
+TEST(test_free_many) {
+  enum { N = 5000 };
+  tp_mem_stats before, after;
+  CHECK_OK(tp_plugin_mem_stats(P, 0, &before));
+  tp_buffer **bufs = calloc(N, sizeof *bufs);
+  CHECK(bufs != NULL);
+  if (!bufs) return;
+  for (int i = 0; i < N; i++) bufs[i] = make_f32(0, kA, k2x3, 2);
+  for (int i = 0; i < N; i++) tp_buffer_free(bufs[i]);
+  free(bufs);
+  CHECK_OK(tp_plugin_mem_stats(P, 0, &after));
+  CHECK_EQ_INT(after.bytes_in_use, before.bytes_in_use);
+  CHECK_EQ_INT(after.live_buffers, before.live_buffers);
+}
+
 TEST(test_execute_bad_args) {
   tp_exec *e = compile(kAdd);
   if (!e) return;
@@ -655,6 +702,8 @@ int main(void) {
   RUN(test_memory_stats);
   RUN(test_execute_add);
   RUN(test_execute_two_outputs);
+  RUN(test_free_while_running);
+  RUN(test_free_many);
   RUN(test_execute_bad_args);
   RUN(test_donation);
   RUN(test_invalid_programs);

@@ -87,48 +87,97 @@ def _type(val):
     return (CODE[val.dtype], tuple(shape))
 
 
+def _on_cpu(val):
+    if isinstance(val, torch.Tensor):
+        return val.device.type == "cpu"
+    return (isinstance(val, (list, tuple)) and len(val) > 0
+            and all(isinstance(v, torch.Tensor) and v.device.type == "cpu" for v in val))
+
+
+def _host_nodes(graph, ph_vals):
+    """The nodes that compute CPU values from CPU values only (an optimizer's
+    step counters and its bias corrections, say).  They run on the host, as
+    in eager mode, so their results never wait for the device."""
+    host = set()
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    for n, v in zip(placeholders, ph_vals):
+        if isinstance(v, torch.Tensor) and v.device.type == "cpu":
+            host.add(n)
+    for n in graph.nodes:
+        if n.op == "get_attr":
+            t = getattr(graph.owning_module, n.target, None)
+            if isinstance(t, torch.Tensor) and t.device.type == "cpu":
+                host.add(n)
+        elif n.op == "call_function" and all(i in host for i in n.all_input_nodes):
+            if n.target is torch.ops.aten.copy_.default or _on_cpu(n.meta.get("val")):
+                host.add(n)
+    return host
+
+
 class GraphProgram:
-    """One FX graph of ATen ops, lowered to one program."""
+    """One FX graph of ATen ops, lowered to one program.  The program's
+    parameters are, in order: the inputs that device nodes read, the graph's
+    device constants, and the host-computed values that device nodes read."""
 
     def __init__(self, gm, example_inputs):
         self.gm = gm
         graph = gm.graph
         placeholders = [n for n in graph.nodes if n.op == "placeholder"]
         self.ninputs = len(placeholders)
+        ph_vals = [n.meta.get("val", example_inputs[i] if i < len(example_inputs) else None)
+                   for i, n in enumerate(placeholders)]
+        host = _host_nodes(graph, ph_vals)
+        device_reads = set()  # host nodes that device nodes read
+        for n in graph.nodes:
+            if n.op == "call_function" and n not in host:
+                device_reads.update(i for i in n.all_input_nodes if i in host)
+        out_node = next(n for n in graph.nodes if n.op == "output")
+        host_outs = [o for o in out_node.args[0] if isinstance(o, torch.fx.Node) and o in host
+                     and o.op != "placeholder"]
+        self.ph_index = {n: i for i, n in enumerate(placeholders)}
+        self.params = []  # per program parameter: ("in", input index) | ("const", tensor) | ("host", k)
         values = {}  # fx node -> value id, or tuple of ids for multi-output nodes
         types = []
-        # Inputs that live on the CPU (optimizer step counters, say) travel
-        # together: one transfer per dtype each way, not one per tensor.
-        self.host_inputs = []
-        ph_vals = []
-        for i, n in enumerate(placeholders):
-            val = n.meta.get("val", example_inputs[i] if i < len(example_inputs) else None)
-            ph_vals.append(val)
+
+        def param(n, src, val):
+            values[n] = len(types)
             types.append(_type(val))
-            values[n] = i
-            if isinstance(val, torch.Tensor) and val.device.type == "cpu":
-                self.host_inputs.append(i)
-        # Constant tensors (get_attr) become extra inputs.
-        self.consts = []
+            self.params.append(src)
+
+        # CPU inputs that device nodes read and the host part overwrites: the
+        # program reads their values from before the call.
+        overwritten = {n.args[0] for n in host if n.op == "call_function" and n.target is torch.ops.aten.copy_.default}
+        self.snapshot = {i for i, n in enumerate(placeholders) if n in device_reads and n in overwritten}
+        for i, n in enumerate(placeholders):
+            if n not in host or n in device_reads:
+                param(n, ("in", i), ph_vals[i])
         for n in graph.nodes:
-            if n.op == "get_attr":
+            if n.op == "get_attr" and n not in host:
                 t = getattr(gm, n.target)
                 if not isinstance(t, torch.Tensor):
                     raise Unsupported(f"attribute {n.target}")
-                values[n] = len(types)
-                types.append(_type(t))
-                self.consts.append(t)
+                param(n, ("const", t), t)
+        # The host part: one small graph run with torch on the CPU before the
+        # program, returning what the program reads and what the graph returns.
+        feeds = [n for n in graph.nodes if n in device_reads and n.op != "placeholder"]
+        self.host_gm = None
+        if any(n.op == "call_function" for n in host):
+            self.host_gm = _host_graph(gm, host, feeds + host_outs)
+        for k, n in enumerate(feeds):
+            param(n, ("host", k), n.meta.get("val") if n.op != "get_attr" else getattr(gm, n.target))
+        self.host_out_index = {n: len(feeds) + k for k, n in enumerate(host_outs)}
         self.gid = _C.graph_new(types)
-        self.outputs = []  # per graph output: ("v", k) k-th program output | ("in", i) | ("none",)
+        self.outputs = []  # per graph output: ("v", k) k-th program output | ("in", i) | ("host", k) | ("none",)
         self.out_specs = []
         # Inputs the graph mutates (copy_ into a placeholder, kept in the graph
         # by keep_inference_input_mutations): input index -> new value id.  The
         # program writes them as extra outputs straight into the input's
         # storage (its buffer donated), instead of a copy_ per input afterwards.
+        # A CPU input given a host-computed value is written by the host part.
         self.mutations = {}
         try:
             for n in graph.nodes:
-                if n.op == "call_function":
+                if n.op == "call_function" and n not in host:
                     self._add(n, values)
                 elif n.op == "output":
                     self._set_outputs(n, values, ph_vals)
@@ -175,7 +224,7 @@ class GraphProgram:
             raise Unsupported(f"call to {n.target}")
         if n.target is torch.ops.aten.copy_.default and getattr(n.args[0], "op", None) == "placeholder":
             vid = self._add_op(torch.ops.aten.copy.default, n.args, n.kwargs, n.meta.get("val"), values)
-            self.mutations[values[n.args[0]]] = vid
+            self.mutations[self.ph_index[n.args[0]]] = vid
             values[n] = vid
             return
         if _qualname(n.target).startswith("aten::_foreach_"):
@@ -240,24 +289,25 @@ class GraphProgram:
         for o in n.args[0]:
             if o is None:
                 self.outputs.append(("none",))
-                continue
-            vid = values.get(o)
-            if not isinstance(vid, int):
-                raise Unsupported(f"graph output {o}")
-            if vid < self.ninputs:  # an input returned as it is
-                self.outputs.append(("in", vid))
-                continue
-            val = o.meta["val"]
-            self.outputs.append(("v", len(prog)))
-            prog.append(vid)
-            self.out_specs.append((tuple(val.shape), tuple(val.stride()), val.dtype))
-        host = set(self.host_inputs)
-        self.mut_inputs = [i for i in self.mutations if i not in host]
-        # New values of mutated CPU inputs: one packed output per dtype.
+            elif o in self.ph_index:  # an input returned as it is
+                self.outputs.append(("in", self.ph_index[o]))
+            elif o in self.host_out_index:
+                self.outputs.append(("host", self.host_out_index[o]))
+            else:
+                vid = values.get(o)
+                if not isinstance(vid, int):
+                    raise Unsupported(f"graph output {o}")
+                val = o.meta["val"]
+                self.outputs.append(("v", len(prog)))
+                prog.append(vid)
+                self.out_specs.append((tuple(val.shape), tuple(val.stride()), val.dtype))
+        on_cpu = [i for i in self.mutations if ph_vals[i].device.type == "cpu"]
+        self.mut_inputs = [i for i in self.mutations if i not in on_cpu]
+        # New values that the program computes for CPU inputs: one packed
+        # output per dtype.
         self.host_muts = {}  # dtype -> [(input index, numel)]
-        for i in self.mutations:
-            if i in host:
-                self.host_muts.setdefault(ph_vals[i].dtype, []).append((i, ph_vals[i].numel()))
+        for i in on_cpu:
+            self.host_muts.setdefault(ph_vals[i].dtype, []).append((i, ph_vals[i].numel()))
         packed = []
         for dt, items in self.host_muts.items():
             code = CODE[dt]
@@ -268,53 +318,48 @@ class GraphProgram:
                                        [(code, (total,))]))
         _C.graph_outputs(self.gid, prog + [self.mutations[i] for i in self.mut_inputs] + packed)
 
-    def _host_to_device(self, inputs, dev):
-        """{input index: device tensor} for the CPU inputs, sent in one
-        transfer per dtype (views of it are the program's arguments)."""
-        groups = {}
-        for i in self.host_inputs:
-            t = inputs[i]
-            if t.device.type == "cpu":
-                groups.setdefault(t.dtype, []).append(i)
-        moved = {}
-        for dt, idx in groups.items():
-            if len(idx) == 1:
-                moved[idx[0]] = inputs[idx[0]].to(dev)
-                continue
-            packed = torch.cat([inputs[i].detach().reshape(-1) for i in idx]).to(dev)
-            off = 0
-            for i in idx:
-                k = inputs[i].numel()
-                moved[i] = packed[off:off + k].view(inputs[i].shape)
-                off += k
-        return moved
-
     def __call__(self, *args):
-        inputs = list(args) + self.consts
         device = 0
-        for t in inputs:
+        for t in args:
             if isinstance(t, torch.Tensor) and t.device.type == "tpu":
                 device = t.device.index
                 break
         dev = torch.device("tpu", device)
-        for i in self.host_inputs:
-            if inputs[i].device != dev and inputs[i].device.type != "cpu":
-                raise RuntimeError(f"torch-pjrt compiled graph: input {i} is on {inputs[i].device}, "
-                                   f"expected the CPU or {dev}")
-        moved = self._host_to_device(inputs, dev)  # input index -> a view of one packed transfer
-        refs, keep = [], []  # keep: copies made here must outlive the run
-        for i, t in enumerate(inputs):
-            if not isinstance(t, torch.Tensor):
-                raise RuntimeError(f"torch-pjrt compiled graph got a non-tensor input {type(t).__name__}")
-            if i in moved:
-                t = moved[i]
-            elif t.device != dev:
-                t = t.to(dev)
-                keep.append(t)
-            refs.append(_ref(t))
+        params = []
+        for src in self.params:
+            if src[0] == "in":
+                t = args[src[1]]
+                if not isinstance(t, torch.Tensor):
+                    raise RuntimeError(f"torch-pjrt compiled graph got a non-tensor input {type(t).__name__}")
+                if t.device.type not in ("cpu", "tpu") or (t.device.type == "tpu" and t.device != dev):
+                    raise RuntimeError(f"torch-pjrt compiled graph: input {src[1]} is on {t.device}, "
+                                       f"expected the CPU or {dev}")
+                params.append(t.clone() if src[1] in self.snapshot else t)
+            else:
+                params.append(src[1] if src[0] == "const" else None)
+        host_vals = self.host_gm(*args) if self.host_gm is not None else ()
+        for k, src in enumerate(self.params):
+            if src[0] == "host":
+                params[k] = host_vals[src[1]]
+        # CPU values travel together: one transfer per dtype, not one per tensor.
+        groups = {}
+        for k, t in enumerate(params):
+            if t.device.type == "cpu":
+                groups.setdefault(t.dtype, []).append(k)
+        for idx in groups.values():
+            if len(idx) == 1:
+                params[idx[0]] = params[idx[0]].to(dev)
+                continue
+            packed = torch.cat([params[k].detach().reshape(-1) for k in idx]).to(dev)
+            off = 0
+            for k in idx:
+                n = params[k].numel()
+                params[k] = packed[off:off + n].view(params[k].shape)
+                off += n
+        refs = [_ref(t) for t in params]
         outs = [torch.empty_strided(s, st, dtype=dt, device=dev) for s, st, dt in self.out_specs]
         out_refs = [_ref(o) for o in outs]
-        out_refs += [_ref(inputs[i]) for i in self.mut_inputs]
+        out_refs += [_ref(args[i]) for i in self.mut_inputs]
         packed = [torch.empty(sum(k for _, k in items), dtype=dt, device=dev)
                   for dt, items in self.host_muts.items()]
         out_refs += [_ref(p) for p in packed]
@@ -323,7 +368,7 @@ class GraphProgram:
         for p, items in zip(packed, self.host_muts.values()):
             host, off = p.cpu(), 0  # one transfer back per dtype
             for i, k in items:
-                inputs[i].copy_(host[off:off + k].view(inputs[i].shape))
+                args[i].copy_(host[off:off + k].view(args[i].shape))
                 off += k
         result = []
         for kind in self.outputs:
@@ -331,9 +376,22 @@ class GraphProgram:
                 result.append(outs[kind[1]])
             elif kind[0] == "in":
                 result.append(args[kind[1]])
+            elif kind[0] == "host":
+                result.append(host_vals[kind[1]])
             else:
                 result.append(None)
         return result
+
+
+def _host_graph(gm, host, outputs):
+    """A GraphModule of the host nodes: all of gm's inputs in, `outputs` out."""
+    g = torch.fx.Graph()
+    env = {}
+    for n in gm.graph.nodes:
+        if n.op == "placeholder" or n in host:
+            env[n] = g.node_copy(n, lambda a: env[a])
+    g.output(tuple(env[n] for n in outputs))
+    return torch.fx.GraphModule(gm, g)
 
 
 # _foreach_<base>.<overload> -> the per-tensor op applied to each element.

@@ -18,8 +18,8 @@ print(json.dumps({"y": y, "compiles": m["compiles"], "disk_hits": m["disk_hits"]
                   "corrupt": m["disk_corrupt_dropped"]}))
 """
 
-def _run(cache_dir, background=False):
-    env = dict(os.environ, TORCH_PJRT_CACHE_DIR=str(cache_dir), TF_CPP_MIN_LOG_LEVEL="2")
+def _run(cache_dir, background=False, **extra_env):
+    env = dict(os.environ, TORCH_PJRT_CACHE_DIR=str(cache_dir), TF_CPP_MIN_LOG_LEVEL="2", **extra_env)
     cmd = [sys.executable, "-c", SCRIPT]
     if background:
         return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
@@ -42,6 +42,15 @@ def test_second_process_hits_disk_cache(tmp_path):
     assert second["compiles"] == 0
     assert second["disk_hits"] == first["compiles"]
     assert first["y"] == second["y"] == _expected()
+
+
+def test_xla_flags_are_part_of_the_key(tmp_path):
+    """XLA_FLAGS change code generation: other flags must not reuse entries."""
+    first = _run(tmp_path, XLA_FLAGS="")
+    other = _run(tmp_path, XLA_FLAGS="--xla_cpu_enable_fast_math=false")
+    assert other["disk_hits"] == 0 and other["compiles"] == first["compiles"]
+    again = _run(tmp_path, XLA_FLAGS="--xla_cpu_enable_fast_math=false")
+    assert again["compiles"] == 0 and again["disk_hits"] == first["compiles"]
 
 
 def test_corrupt_entries_are_recompiled(tmp_path):

@@ -845,15 +845,26 @@ tp_status *tp_eager_set_disk_cache(const char *dir, int64_t cap_bytes) {
   tp_plugin *p = tp_runtime_plugin();
   if (!p) return tp_error(TP_FAILED_PRECONDITION, "the tpu runtime is not initialised");
   /* What must match for an executable to be reused: our version, the
-   * plugin's platform, API and XLA version, and the plugin file itself. */
-  char version[1024];
+   * plugin's platform, API and XLA version, the plugin file itself, and the
+   * environment variables through which XLA's compiler options reach the
+   * plugin (XLA_FLAGS changes code generation, fast math for one). */
   struct stat sb;
   long long size = stat(tp_plugin_path(p), &sb) == 0 ? (long long)sb.st_size : -1;
   long long mtime = size >= 0 ? (long long)sb.st_mtime : -1;
-  snprintf(version, sizeof version, "%s; plugin %s api %s xla %s; %s %lld %lld", TP_VERSION, tp_plugin_platform(p),
-           tp_plugin_api_version(p), tp_plugin_xla_version(p), tp_plugin_path(p), size, mtime);
+  const char *xla_flags = getenv("XLA_FLAGS"), *tpu_args = getenv("LIBTPU_INIT_ARGS");
+  const char *fmt = "%s; plugin %s api %s xla %s; %s %lld %lld; XLA_FLAGS=%s; LIBTPU_INIT_ARGS=%s";
+  int n = snprintf(NULL, 0, fmt, TP_VERSION, tp_plugin_platform(p), tp_plugin_api_version(p),
+                   tp_plugin_xla_version(p), tp_plugin_path(p), size, mtime, xla_flags ? xla_flags : "",
+                   tpu_args ? tpu_args : "");
+  char *version = n >= 0 ? malloc((size_t)n + 1) : NULL;
+  if (!version) return tp_error(TP_RESOURCE_EXHAUSTED, "out of memory opening the compilation cache");
+  snprintf(version, (size_t)n + 1, fmt, TP_VERSION, tp_plugin_platform(p), tp_plugin_api_version(p),
+           tp_plugin_xla_version(p), tp_plugin_path(p), size, mtime, xla_flags ? xla_flags : "",
+           tpu_args ? tpu_args : "");
   tp_diskcache *c = NULL;
-  if (dir && dir[0]) TP_RETURN_IF_ERROR(tp_diskcache_open(dir, cap_bytes, version, &c));
+  tp_status *st = dir && dir[0] ? tp_diskcache_open(dir, cap_bytes, version, &c) : NULL;
+  free(version);
+  if (st) return st;
   tp_storage_lock();
   tp_diskcache_close(g_disk);
   g_disk = c;

@@ -19,7 +19,7 @@ import threading
 import torch
 from torch.utils._pytree import tree_map
 
-from . import _C
+from . import _C, _composite
 from ._dtypes import CODE
 
 _fallback_lib = None
@@ -1020,91 +1020,8 @@ def _cholesky(self, upper=False):
     return L
 
 
-def _amp_unscale(grads, found_inf, inv_scale):
-    """GradScaler's unscale (CUDA's kernel, in tpu ops, so the step never
-    waits for the device): every gradient times inv_scale, in place, and
-    found_inf set to 1 when any holds an inf or NaN."""
-    for g in grads:
-        bad = torch.logical_not(torch.isfinite(g)).any().to(found_inf.dtype)
-        found_inf.copy_(torch.maximum(found_inf, bad))
-        g.mul_(inv_scale)
-
-
-def _amp_update_scale(scale, growth_tracker, found_inf, growth_factor, backoff_factor, growth_interval):
-    """GradScaler's update (CUDA's kernel): back off after an inf/NaN step;
-    grow after growth_interval good steps in a row, if the grown scale is
-    finite."""
-    found = found_inf > 0
-    successful = growth_tracker + 1
-    grown = scale * growth_factor
-    grow = torch.logical_and(torch.logical_not(found), successful == growth_interval)
-    new_scale = torch.where(found, scale * backoff_factor,
-                            torch.where(torch.logical_and(grow, torch.isfinite(grown)), grown, scale))
-    tracker = torch.where(torch.logical_or(found, grow), torch.zeros_like(successful), successful)
-    scale.copy_(new_scale)
-    growth_tracker.copy_(tracker)
-    return scale
-
-
-# nn.LSTM/nn.GRU on any PrivateUse1 device call the fused cell ops that only
-# CUDA implements.  These are CUDA's kernels (aten/src/ATen/native/cuda/
-# RNN.cu), in device ops, with its workspace layouts: LSTM [i, f, g, o]
-# activated gates, GRU [r, z, n, hx, hn].
-
-
-def _lstm_cell(input_gates, hidden_gates, cx, input_bias=None, hidden_bias=None):
-    gates = input_gates + hidden_gates
-    if input_bias is not None:
-        gates = gates + input_bias + hidden_bias
-    i, f, g, o = gates.chunk(4, 1)
-    i, f, g, o = i.sigmoid(), f.sigmoid(), g.tanh(), o.sigmoid()
-    cy = f * cx + i * g
-    return o * cy.tanh(), cy, torch.cat([i, f, g, o], 1)
-
-
-def _lstm_cell_backward(grad_hy, grad_cy, cx, cy, workspace, has_bias):
-    i, f, g, o = workspace.chunk(4, 1)
-    gcx = grad_cy if grad_cy is not None else torch.zeros_like(cx)
-    tcy = cy.tanh()
-    if grad_hy is not None:
-        gcx = gcx + grad_hy * o * (1 - tcy * tcy)
-        go = grad_hy * tcy
-    else:
-        go = torch.zeros_like(cx)
-    grad_gates = torch.cat([gcx * g * (1 - i) * i, gcx * cx * (1 - f) * f, gcx * i * (1 - g * g),
-                            go * (1 - o) * o], 1)
-    return grad_gates, gcx * f, grad_gates.sum(0) if has_bias else None
-
-
-def _gru_cell(input_gates, hidden_gates, hx, input_bias=None, hidden_bias=None):
-    if input_bias is not None:
-        input_gates, hidden_gates = input_gates + input_bias, hidden_gates + hidden_bias
-    ir, ii, in_ = input_gates.chunk(3, 1)
-    hr, hi, hn = hidden_gates.chunk(3, 1)
-    r, z = (ir + hr).sigmoid(), (ii + hi).sigmoid()
-    n = (in_ + r * hn).tanh()
-    return n + z * (hx - n), torch.cat([r, z, n, hx, hn], 1)
-
-
-def _gru_cell_backward(grad_hy, workspace, has_bias):
-    r, z, n, hx, hn = workspace.chunk(5, 1)
-    gz = grad_hy * (hx - n) * (1 - z) * z
-    gn = grad_hy * (1 - z) * (1 - n * n)
-    gr = gn * hn * (1 - r) * r
-    grad_input = torch.cat([gr, gz, gn], 1)
-    grad_hidden = torch.cat([gr, gz, gn * r], 1)
-    if not has_bias:
-        return grad_input, grad_hidden, grad_hy * z, None, None
-    return grad_input, grad_hidden, grad_hy * z, grad_input.sum(0), grad_hidden.sum(0)
-
-
 _SPECIAL = {
-    "aten::_thnn_fused_lstm_cell": _lstm_cell,
-    "aten::_thnn_fused_lstm_cell_backward_impl": _lstm_cell_backward,
-    "aten::_thnn_fused_gru_cell": _gru_cell,
-    "aten::_thnn_fused_gru_cell_backward": _gru_cell_backward,
-    "aten::_amp_foreach_non_finite_check_and_unscale_": _amp_unscale,
-    "aten::_amp_update_scale_": _amp_update_scale,
+    **_composite.KERNELS,
     "aten::cholesky": _cholesky,
     "aten::_fused_sdp_choice": _fused_sdp_choice,
     "aten::_copy_from": _copy_from,

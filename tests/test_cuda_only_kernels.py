@@ -1,0 +1,198 @@
+"""Ops PyTorch implements only for CPU and CUDA, yet calls on any PrivateUse1
+device (torch_pjrt/_composite.py): nn.MultiheadAttention's and the
+Transformer layers' inference fast path, and the fused optimizers.  Each is
+compared with the CPU running the same code."""
+import pytest
+import torch
+import torch.nn as nn
+
+from torch_pjrt import _composite
+
+
+@pytest.fixture
+def calls(monkeypatch):
+    """Counts calls of the tpu kernels, to show the fast path was taken."""
+    seen = {}
+    for name, fn in list(_composite.KERNELS.items()):
+        def spy(*a, _fn=fn, _name=name, **k):
+            seen[_name] = seen.get(_name, 0) + 1
+            return _fn(*a, **k)
+        monkeypatch.setitem(_composite.KERNELS, name, spy)
+    from torch_pjrt import _dispatch
+    monkeypatch.setattr(_dispatch, "_SPECIAL", {**_dispatch._SPECIAL, **_composite.KERNELS})
+    return seen
+
+
+def _both(make, run):
+    out = []
+    for dev in ("cpu", "tpu"):
+        torch.manual_seed(0)
+        m = make().to(dev).eval()
+        with torch.no_grad():
+            out.append(run(m, dev))
+    return out
+
+
+def _close(tpu, cpu, tol=1e-5):
+    if isinstance(cpu, (tuple, list)):
+        for a, b in zip(tpu, cpu):
+            _close(a, b, tol)
+    elif cpu is None:
+        assert tpu is None
+    else:
+        assert tpu.device.type == "tpu"
+        torch.testing.assert_close(tpu.cpu(), cpu, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("need_weights,average", [(False, True), (True, True), (True, False)])
+@pytest.mark.parametrize("masks", ["none", "padding", "attn", "both"])
+def test_multihead_attention_fast_path(calls, need_weights, average, masks):
+    B, T, D = 3, 6, 16
+    x = torch.randn(B, T, D)
+    pad = torch.zeros(B, T, dtype=torch.bool)
+    pad[1, 4:] = True
+    pad[2, 1:] = True
+    attn = torch.triu(torch.ones(T, T, dtype=torch.bool), 1)
+
+    def run(m, dev):
+        kw = {"need_weights": need_weights, "average_attn_weights": average}
+        if masks in ("padding", "both"):
+            kw["key_padding_mask"] = pad.to(dev)
+        if masks in ("attn", "both"):
+            kw["attn_mask"] = attn.to(dev)
+        xd = x.to(dev)
+        return m(xd, xd, xd, **kw)
+
+    cpu, tpu = _both(lambda: nn.MultiheadAttention(D, 4, batch_first=True), run)
+    _close(tpu, cpu)
+    assert calls.get("aten::_native_multi_head_attention") == 1
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+@pytest.mark.parametrize("activation", ["relu", "gelu"])
+def test_transformer_encoder_layer_fast_path(calls, norm_first, activation):
+    x = torch.randn(2, 5, 16)
+    pad = torch.tensor([[False] * 5, [False] * 3 + [True] * 2])
+
+    def make():
+        return nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, activation=activation, batch_first=True,
+                                          norm_first=norm_first)
+
+    cpu, tpu = _both(make, lambda m, dev: (m(x.to(dev)), m(x.to(dev), src_key_padding_mask=pad.to(dev))))
+    _close(tpu, cpu)
+    assert calls.get("aten::_transformer_encoder_layer_fwd") == 2
+
+
+def test_transformer_encoder_with_padding_mask():
+    # On CPU this packs the batch into a NestedTensor; on tpu the layers take
+    # the padding mask instead: unpadded positions agree.
+    x = torch.randn(2, 5, 16)
+    pad = torch.tensor([[False] * 5, [False] * 3 + [True] * 2])
+
+    def make():
+        return nn.TransformerEncoder(nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True), 2)
+
+    cpu, tpu = _both(make, lambda m, dev: m(x.to(dev), src_key_padding_mask=pad.to(dev)))
+    torch.testing.assert_close(tpu.cpu()[~pad], cpu[~pad], rtol=1e-5, atol=1e-5)
+
+
+def test_transformer_inference():
+    src, tgt = torch.randn(2, 5, 16), torch.randn(2, 4, 16)
+    causal = nn.Transformer.generate_square_subsequent_mask(4)
+    cpu, tpu = _both(lambda: nn.Transformer(16, 2, 2, 2, 32, dropout=0.0, batch_first=True),
+                     lambda m, dev: m(src.to(dev), tgt.to(dev), tgt_mask=causal.to(dev)))
+    _close(tpu, cpu, 1e-4)
+
+
+@pytest.mark.parametrize("mask_type", [0, 1, 2])
+def test_masked_softmax(mask_type):
+    x = torch.randn(2, 3, 4, 4)
+    if mask_type == 0:
+        mask = torch.rand(4, 4) > 0.5
+    elif mask_type == 1:
+        mask = torch.tensor([[False, True, False, True], [True, True, True, True]])  # batch 1: every key masked
+    else:
+        mask = torch.rand(2, 3, 4, 4) > 0.5
+    xt, mt = x.to("tpu"), mask.to("tpu")
+    torch.testing.assert_close(torch._masked_softmax(xt, mt, 3, mask_type).cpu(),
+                               torch._masked_softmax(x, mask, 3, mask_type), equal_nan=True)
+    with pytest.raises(RuntimeError, match="boolean"):
+        torch._masked_softmax(xt, mt.float(), 3, mask_type)
+    # Gradients: the CPU takes only a mask shaped like the input.
+    full = (mask.view(1, 1, 4, 4) if mask_type == 0 else mask.view(2, 1, 1, 4) if mask_type == 1 else mask)
+    full = full.expand(2, 3, 4, 4).contiguous()
+    g = torch.randn(2, 3, 4, 4)
+    grads = []
+    for dev in ("cpu", "tpu"):
+        xd = x.to(dev).requires_grad_()
+        y = torch._masked_softmax(xd, full.to(dev), 3, 2)
+        grads.append(torch.autograd.grad(y, xd, g.to(dev))[0].cpu())
+        if mask_type != 2:
+            with pytest.raises(RuntimeError, match="Mask shape should match grad shape"):
+                xd = x.to(dev).requires_grad_()
+                torch._masked_softmax(xd, mask.to(dev), 3, mask_type).backward(g.to(dev))
+    torch.testing.assert_close(grads[1], grads[0])
+
+
+OPTIMIZERS = [
+    (torch.optim.Adam, {"lr": 0.05}),
+    (torch.optim.Adam, {"lr": 0.05, "weight_decay": 0.1, "amsgrad": True}),
+    (torch.optim.Adam, {"lr": torch.tensor(0.05), "maximize": True}),
+    (torch.optim.AdamW, {"lr": 0.05, "weight_decay": 0.1}),
+    (torch.optim.AdamW, {"lr": 0.05, "amsgrad": True, "betas": (0.8, 0.9)}),
+    (torch.optim.SGD, {"lr": 0.05}),
+    (torch.optim.SGD, {"lr": 0.05, "momentum": 0.9, "dampening": 0.1, "weight_decay": 0.01}),
+    (torch.optim.SGD, {"lr": 0.05, "momentum": 0.9, "nesterov": True, "maximize": True}),
+]
+
+
+@pytest.mark.parametrize("opt_cls,kw", OPTIMIZERS)
+def test_fused_optimizers(calls, opt_cls, kw):
+    def run(dev):
+        torch.manual_seed(0)
+        m = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3)).to(dev)
+        opt = opt_cls(m.parameters(), fused=True, **kw)
+        x = torch.randn(10, 6).to(dev)
+        for _ in range(4):
+            opt.zero_grad()
+            m(x).pow(2).mean().backward()
+            opt.step()
+        return [p.detach() for p in m.parameters()] + [
+            v for st in opt.state.values() for v in st.values() if isinstance(v, torch.Tensor)]
+
+    cpu, tpu = run("cpu"), run("tpu")
+    assert len(cpu) == len(tpu)
+    for a, b in zip(tpu, cpu):  # the CPU's bias corrections are in float64
+        torch.testing.assert_close(a.cpu(), b, rtol=1e-4, atol=1e-5)
+    name = {torch.optim.Adam: "_fused_adam_", torch.optim.AdamW: "_fused_adamw_", torch.optim.SGD: "_fused_sgd_"}
+    assert sum(n for k, n in calls.items() if k.startswith("aten::" + name[opt_cls])) == 4
+
+
+@pytest.mark.parametrize("opt_cls", [torch.optim.AdamW, torch.optim.SGD])
+def test_fused_optimizer_with_grad_scaler(opt_cls):
+    # GradScaler hands the fused step grad_scale and found_inf: the grads are
+    # unscaled in place, and a step with an inf changes nothing.
+    def run(dev):
+        torch.manual_seed(0)
+        m = nn.Linear(6, 3).to(dev)
+        opt = opt_cls(m.parameters(), lr=0.05, momentum=0.9, fused=True) if opt_cls is torch.optim.SGD \
+            else opt_cls(m.parameters(), lr=0.05, fused=True)
+        scaler = torch.amp.GradScaler(dev, init_scale=2.0 ** 8)
+        x = torch.randn(10, 6).to(dev)
+        hist = []
+        for i in range(4):
+            opt.zero_grad()
+            scaler.scale(m(x).pow(2).mean()).backward()
+            if i == 2:
+                m.weight.grad[0, 0] = float("inf")
+            scaler.step(opt)
+            scaler.update()
+            hist.append([p.detach().cpu().clone() for p in m.parameters()] + [m.bias.grad.cpu()])
+        return hist
+
+    cpu, tpu = run("cpu"), run("tpu")
+    for a, b in zip(tpu, cpu):
+        for x, y in zip(a, b):
+            torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-5)
+    for x, y in zip(tpu[2][:2], tpu[1][:2]):  # the inf step changed nothing
+        assert torch.equal(x, y)

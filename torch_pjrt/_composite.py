@@ -1,0 +1,309 @@
+"""Kernels that PyTorch implements only for CPU and CUDA, written in tpu ops.
+
+Some ATen ops have no decomposition, only per-device kernels, yet PyTorch's
+own modules call them on any PrivateUse1 device: nn.LSTM/GRU's fused cells,
+GradScaler's unscale and update, nn.MultiheadAttention's and
+nn.TransformerEncoderLayer's inference fast path, and the fused optimizers
+(fused=True).  Each function here computes what the CPU kernel computes, from
+ops that have lowerings, so the work stays on the device and never waits for
+it.  The fallback (_dispatch._fallback) finds them by op name in KERNELS.
+"""
+import math
+
+import torch
+import torch.nn.functional as F
+
+
+def _amp_unscale(grads, found_inf, inv_scale):
+    """GradScaler's unscale (CUDA's kernel, in tpu ops, so the step never
+    waits for the device): every gradient times inv_scale, in place, and
+    found_inf set to 1 when any holds an inf or NaN."""
+    for g in grads:
+        bad = torch.logical_not(torch.isfinite(g)).any().to(found_inf.dtype)
+        found_inf.copy_(torch.maximum(found_inf, bad))
+        g.mul_(inv_scale)
+
+
+def _amp_update_scale(scale, growth_tracker, found_inf, growth_factor, backoff_factor, growth_interval):
+    """GradScaler's update (CUDA's kernel): back off after an inf/NaN step;
+    grow after growth_interval good steps in a row, if the grown scale is
+    finite."""
+    found = found_inf > 0
+    successful = growth_tracker + 1
+    grown = scale * growth_factor
+    grow = torch.logical_and(torch.logical_not(found), successful == growth_interval)
+    new_scale = torch.where(found, scale * backoff_factor,
+                            torch.where(torch.logical_and(grow, torch.isfinite(grown)), grown, scale))
+    tracker = torch.where(torch.logical_or(found, grow), torch.zeros_like(successful), successful)
+    scale.copy_(new_scale)
+    growth_tracker.copy_(tracker)
+    return scale
+
+
+# nn.LSTM/nn.GRU on any PrivateUse1 device call the fused cell ops that only
+# CUDA implements.  These are CUDA's kernels (aten/src/ATen/native/cuda/
+# RNN.cu), in device ops, with its workspace layouts: LSTM [i, f, g, o]
+# activated gates, GRU [r, z, n, hx, hn].
+
+
+def _lstm_cell(input_gates, hidden_gates, cx, input_bias=None, hidden_bias=None):
+    gates = input_gates + hidden_gates
+    if input_bias is not None:
+        gates = gates + input_bias + hidden_bias
+    i, f, g, o = gates.chunk(4, 1)
+    i, f, g, o = i.sigmoid(), f.sigmoid(), g.tanh(), o.sigmoid()
+    cy = f * cx + i * g
+    return o * cy.tanh(), cy, torch.cat([i, f, g, o], 1)
+
+
+def _lstm_cell_backward(grad_hy, grad_cy, cx, cy, workspace, has_bias):
+    i, f, g, o = workspace.chunk(4, 1)
+    gcx = grad_cy if grad_cy is not None else torch.zeros_like(cx)
+    tcy = cy.tanh()
+    if grad_hy is not None:
+        gcx = gcx + grad_hy * o * (1 - tcy * tcy)
+        go = grad_hy * tcy
+    else:
+        go = torch.zeros_like(cx)
+    grad_gates = torch.cat([gcx * g * (1 - i) * i, gcx * cx * (1 - f) * f, gcx * i * (1 - g * g),
+                            go * (1 - o) * o], 1)
+    return grad_gates, gcx * f, grad_gates.sum(0) if has_bias else None
+
+
+def _gru_cell(input_gates, hidden_gates, hx, input_bias=None, hidden_bias=None):
+    if input_bias is not None:
+        input_gates, hidden_gates = input_gates + input_bias, hidden_gates + hidden_bias
+    ir, ii, in_ = input_gates.chunk(3, 1)
+    hr, hi, hn = hidden_gates.chunk(3, 1)
+    r, z = (ir + hr).sigmoid(), (ii + hi).sigmoid()
+    n = (in_ + r * hn).tanh()
+    return n + z * (hx - n), torch.cat([r, z, n, hx, hn], 1)
+
+
+def _gru_cell_backward(grad_hy, workspace, has_bias):
+    r, z, n, hx, hn = workspace.chunk(5, 1)
+    gz = grad_hy * (hx - n) * (1 - z) * z
+    gn = grad_hy * (1 - z) * (1 - n * n)
+    gr = gn * hn * (1 - r) * r
+    grad_input = torch.cat([gr, gz, gn], 1)
+    grad_hidden = torch.cat([gr, gz, gn * r], 1)
+    if not has_bias:
+        return grad_input, grad_hidden, grad_hy * z, None, None
+    return grad_input, grad_hidden, grad_hy * z, grad_input.sum(0), grad_hidden.sum(0)
+
+
+# nn.MultiheadAttention / nn.TransformerEncoderLayer inference fast path
+# (eval mode, no grad): aten/src/ATen/native/transformers/attention.cpp and
+# transformer.cpp, the math path the CPU takes.
+
+
+def _masked_softmax(x, mask, dim=None, mask_type=None):
+    """Softmax with masked (True) positions 0; a row masked entirely is NaN,
+    as on the CPU.  mask_type 0: an (L, L) attention mask; 1: a (B, L) key
+    padding mask, for 4-d (B, heads, L, L) input; 2: a mask shaped like the
+    input."""
+    if mask.dtype != torch.bool:
+        raise RuntimeError("Mask should be a boolean tensor")
+    dim = x.dim() - 1 if dim is None else dim % max(x.dim(), 1)
+    if mask.dim() != 2 or x.dim() != 4:
+        mask_type = 2
+    if mask_type is None:
+        raise RuntimeError("Mask Type should be defined")
+    if mask_type == 1:
+        if x.shape[0] != mask.shape[0] or x.shape[2] != mask.shape[1]:
+            raise RuntimeError("For mask_type == 1 mask shape should be (B, L)")
+        mask = mask.view(x.shape[0], 1, 1, x.shape[2])
+    elif mask_type == 0:
+        if x.shape[2] != mask.shape[0] or x.shape[2] != mask.shape[1]:
+            raise RuntimeError("For mask_type == 0 mask shape should be (L, L)")
+        mask = mask.view(1, 1, x.shape[2], x.shape[2])
+    elif mask.shape != x.shape:
+        raise RuntimeError("For mask_type == 2 mask shape should match input shape")
+    return torch.softmax(x.masked_fill(mask.expand(x.shape), float("-inf")), dim)
+
+
+def _masked_softmax_backward(grad_output, output, mask, dim=None):
+    if mask.shape != grad_output.shape:
+        raise RuntimeError("Mask shape should match grad shape")
+    dim = output.dim() - 1 if dim is None else dim
+    grad = output * (grad_output - (grad_output * output).sum(dim, keepdim=True))
+    return grad.masked_fill(mask, 0)
+
+
+def _transform_bias_rescale_qkv(qkv, qkv_bias, num_head):
+    """[B, T, 3D] projections plus bias -> q / sqrt(dh), k, v as [B, heads, T, dh]."""
+    B, T, three_d = qkv.shape
+    D = three_d // 3
+    if three_d % 3 != 0 or D % num_head != 0:
+        raise RuntimeError(f"_transform_bias_rescale_qkv: the last dim ({three_d}) must be 3 * embed_dim, "
+                           f"and embed_dim a multiple of num_head ({num_head})")
+    dh = D // num_head
+    q, k, v = (qkv + qkv_bias).view(B, T, 3, num_head, dh).permute(2, 0, 3, 1, 4).unbind(0)
+    return q * (1.0 / math.sqrt(dh)), k.contiguous(), v.contiguous()
+
+
+def _native_multi_head_attention(query, key, value, embed_dim, num_head, qkv_weight, qkv_bias, proj_weight,
+                                 proj_bias, mask=None, need_weights=True, average_attn_weights=True,
+                                 mask_type=None):
+    D = embed_dim
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        if t.dim() != 3:
+            raise RuntimeError(f"expected 3-D `{name}`, got {t.dim()}-D tensor")
+    if query.shape[2] != D:
+        raise RuntimeError(f"passed-in embed_dim {D} didn't match last dim of query {query.shape[2]}")
+    if query.shape != key.shape or key.shape != value.shape:
+        raise RuntimeError("expected `query`/`key`/`value` shapes to match")
+    if qkv_weight.dim() != 2 or qkv_weight.shape[0] != 3 * D or qkv_weight.shape[1] != D:
+        raise RuntimeError(f"expected `qkv_weight` of shape [3 * embed_dim, embed_dim], got {list(qkv_weight.shape)}")
+    if qkv_bias.dim() != 1 or qkv_bias.shape[0] != 3 * D:
+        raise RuntimeError(f"expected `qkv_bias` of shape [3 * embed_dim], got {list(qkv_bias.shape)}")
+    if D % num_head != 0:
+        raise RuntimeError("`embed_dim` must divide evenly by `num_heads`")
+    if key is value and query is key:
+        qkv = query @ qkv_weight.t()
+    else:
+        w_q, w_k, w_v = qkv_weight.chunk(3, 0)
+        qkv = torch.cat([query @ w_q.t(), key @ w_k.t(), value @ w_v.t()], 2)
+    if qkv.numel() == 0:
+        return torch.empty_like(query), None
+    q, k, v = _transform_bias_rescale_qkv(qkv, qkv_bias, num_head)
+    scores = q @ k.transpose(2, 3)
+    if mask is not None:
+        attn = _masked_softmax(scores, mask.to(torch.bool), 3, mask_type)
+    else:
+        attn = torch.softmax(scores, 3)
+    ctx = (attn @ v).transpose(1, 2).reshape(query.shape[0], query.shape[1], D)
+    out = F.linear(ctx, proj_weight, proj_bias)
+    if not need_weights:
+        return out, None
+    if average_attn_weights:
+        attn = attn.sum(1) / num_head
+    return out, attn
+
+
+def _transformer_encoder_layer_fwd(src, embed_dim, num_heads, qkv_weight, qkv_bias, proj_weight, proj_bias,
+                                   use_gelu, norm_first, eps, norm_weight_1, norm_bias_1, norm_weight_2,
+                                   norm_bias_2, ffn_weight_1, ffn_bias_1, ffn_weight_2, ffn_bias_2, mask=None,
+                                   mask_type=None):
+    if src.numel() == 0:
+        return src.clone()
+
+    def norm(x, w, b):
+        return F.layer_norm(x, (embed_dim,), w, b, eps)
+
+    x = norm(src, norm_weight_1, norm_bias_1) if norm_first else src
+    x = _native_multi_head_attention(x, x, x, embed_dim, num_heads, qkv_weight, qkv_bias, proj_weight,
+                                     proj_bias, mask, False, True, mask_type)[0] + src
+    if not norm_first:
+        x = norm(x, norm_weight_1, norm_bias_1)
+    residual = x
+    if norm_first:
+        x = norm(x, norm_weight_2, norm_bias_2)
+    h = F.linear(x, ffn_weight_1, ffn_bias_1)
+    h = F.gelu(h) if use_gelu else F.relu(h)
+    x = F.linear(h, ffn_weight_2, ffn_bias_2) + residual
+    if not norm_first:
+        x = norm(x, norm_weight_2, norm_bias_2)
+    return x
+
+
+def _nested_tensor_from_mask_left_aligned(t, mask):
+    """nn.TransformerEncoder (eval, with a key padding mask) asks this before
+    packing the batch into a NestedTensor, which the tpu device does not
+    support.  Answering False sends it down the path it takes for masks that
+    are not left-aligned: each layer's fast path with the padding mask.  The
+    unpadded positions get the same values; the padded ones hold computed
+    values instead of the nested path's zeros (as in training mode)."""
+    return False
+
+
+# Fused optimizers (torch.optim.Adam/AdamW/SGD with fused=True): the CPU
+# kernels' arithmetic (aten/src/ATen/native/cpu/Fused*Kernel.cpp) per tensor,
+# with the step counters on the device.  With a GradScaler, grads are divided
+# by grad_scale (and stored unscaled), and a step with found_inf set changes
+# nothing, decided on the device.
+
+
+def _write(pairs, found_inf):
+    skip = None if found_inf is None else (found_inf.reshape(()) > 0)
+    for dst, val in pairs:
+        dst.copy_(val if skip is None else torch.where(skip, dst, val))
+
+
+def _unscaled(grads, i, grad_scale, pairs):
+    g = grads[i]
+    if grad_scale is not None:
+        g = g / grad_scale.reshape(())
+        pairs.append((grads[i], g))
+    return g
+
+
+def _fused_adam(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, *, lr, beta1, beta2,
+                weight_decay, eps, amsgrad, maximize, grad_scale=None, found_inf=None, adamw=False):
+    for i, p in enumerate(params):
+        pairs = []
+        g = _unscaled(grads, i, grad_scale, pairs)
+        if maximize:
+            g = -g
+        param = p
+        if weight_decay != 0:
+            if adamw:
+                param = p - p * (lr * weight_decay)
+            else:
+                g = g + p * weight_decay
+        m = exp_avgs[i] * beta1 + g * (1 - beta1)
+        v = exp_avg_sqs[i] * beta2 + g * g * (1 - beta2)
+        step = state_steps[i]
+        step_size = lr / (1 - torch.pow(beta1, step))
+        bc2_sqrt = torch.sqrt(1 - torch.pow(beta2, step))
+        if amsgrad:
+            v_max = torch.maximum(max_exp_avg_sqs[i], v)
+            pairs.append((max_exp_avg_sqs[i], v_max))
+            denom = v_max.sqrt() / bc2_sqrt + eps
+        else:
+            denom = v.sqrt() / bc2_sqrt + eps
+        pairs += [(exp_avgs[i], m), (exp_avg_sqs[i], v), (p, param - step_size * m / denom)]
+        _write(pairs, found_inf)
+
+
+def _fused_adamw(*args, **kwargs):
+    return _fused_adam(*args, adamw=True, **kwargs)
+
+
+def _fused_sgd(params, grads, momentum_buffer_list, *, weight_decay, momentum, lr, dampening, nesterov, maximize,
+               is_first_step, grad_scale=None, found_inf=None):
+    for i, p in enumerate(params):
+        pairs = []
+        g = _unscaled(grads, i, grad_scale, pairs)
+        if maximize:
+            g = -g
+        if weight_decay != 0:
+            g = g + p * weight_decay
+        if momentum != 0:
+            buf = g if is_first_step else momentum_buffer_list[i] * momentum + g * (1 - dampening)
+            pairs.append((momentum_buffer_list[i], buf))
+            g = g + buf * momentum if nesterov else buf
+        pairs.append((p, p - lr * g))
+        _write(pairs, found_inf)
+
+
+KERNELS = {
+    "aten::_thnn_fused_lstm_cell": _lstm_cell,
+    "aten::_thnn_fused_lstm_cell_backward_impl": _lstm_cell_backward,
+    "aten::_thnn_fused_gru_cell": _gru_cell,
+    "aten::_thnn_fused_gru_cell_backward": _gru_cell_backward,
+    "aten::_amp_foreach_non_finite_check_and_unscale_": _amp_unscale,
+    "aten::_amp_update_scale_": _amp_update_scale,
+    "aten::_masked_softmax": _masked_softmax,
+    "aten::_masked_softmax_backward": _masked_softmax_backward,
+    "aten::_transform_bias_rescale_qkv": _transform_bias_rescale_qkv,
+    "aten::_native_multi_head_attention": _native_multi_head_attention,
+    "aten::_transformer_encoder_layer_fwd": _transformer_encoder_layer_fwd,
+    "aten::_nested_tensor_from_mask_left_aligned": _nested_tensor_from_mask_left_aligned,
+    "aten::_fused_adam_": _fused_adam,
+    "aten::_fused_adam_.tensor_lr": _fused_adam,
+    "aten::_fused_adamw_": _fused_adamw,
+    "aten::_fused_adamw_.tensor_lr": _fused_adamw,
+    "aten::_fused_sgd_": _fused_sgd,
+    "aten::_fused_sgd_.tensor_lr": _fused_sgd,
+}

@@ -460,3 +460,59 @@ def test_streams_and_events():
     torch.testing.assert_close(z.cpu(), x.cpu() @ x.cpu() + 1, rtol=1e-4, atol=1e-4)
     with pytest.raises(RuntimeError, match="no timestamps"):
         torch.tpu.Event(enable_timing=True)
+
+
+def test_checkpoint_replays_dropout():
+    # torch.utils.checkpoint saves and restores the device's random state
+    # (only for a device module that says it is initialised): the recomputed
+    # forward draws the same dropout mask, so gradients match plain autograd.
+    assert torch.tpu.is_initialized()
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.Dropout(0.5), torch.nn.Linear(16, 2)).to("tpu")
+    x = torch.randn(8, 4, device="tpu", requires_grad=True)
+    grads = []
+    for use_checkpoint in (True, False):
+        torch.manual_seed(1)
+        y = torch.utils.checkpoint.checkpoint(m, x, use_reentrant=False) if use_checkpoint else m(x)
+        (gx,) = torch.autograd.grad(y.sum(), x)
+        grads.append(gx.cpu())
+    torch.testing.assert_close(grads[0], grads[1])
+
+
+def test_forked_child_gets_a_clear_error():
+    # A forked child cannot use the parent's PJRT client: ops raise (as CUDA
+    # does) instead of hanging, and freeing the inherited tensors is safe.
+    import os
+
+    t = torch.arange(4.0, device="tpu")
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        msg = b"no error"
+        try:
+            assert torch.tpu._is_in_bad_fork() and not torch.tpu.is_initialized()
+            (t + 1).cpu()
+        except RuntimeError as e:
+            msg = str(e).encode()
+        except BaseException as e:  # noqa: BLE001 - report anything to the parent
+            msg = repr(e).encode()
+        del t
+        os.write(w, msg[:4000])
+        os._exit(0)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        msg = f.read().decode()
+    _, status = os.waitpid(pid, 0)
+    assert status == 0
+    assert "forked subprocess" in msg and "spawn" in msg, msg
+    assert not torch.tpu._is_in_bad_fork()
+    torch.testing.assert_close((t + 1).cpu(), torch.arange(1.0, 5.0))
+
+
+def test_memory_reserved_and_empty_cache():
+    x = torch.zeros(1024, device="tpu")
+    assert torch.tpu.memory_reserved() == torch.tpu.memory_allocated() >= 4096
+    assert torch.tpu.max_memory_reserved() >= torch.tpu.memory_reserved()
+    torch.tpu.empty_cache()
+    del x

@@ -1,11 +1,25 @@
 """torch.tpu: the device module, shaped like torch.cuda."""
 import contextlib
+import os
 
 import torch
 
 from . import _C
 
 _seed_lock = None
+_pid = os.getpid()
+# The runtime (plugin and client) opens when torch_pjrt is imported.
+# PyTorch reads this flag (torch.utils.checkpoint saves and restores the
+# device's random state only for an initialised device module).
+_initialized = True
+
+
+def is_initialized() -> bool:
+    return _initialized and not _is_in_bad_fork()
+
+
+def init() -> None:
+    """The runtime is opened on import; kept for torch.cuda.init's users."""
 
 
 def is_available() -> bool:
@@ -181,7 +195,8 @@ def is_bf16_supported(including_emulation: bool = True) -> bool:
 
 
 def _is_in_bad_fork() -> bool:
-    return False
+    """True in a forked child: the parent's runtime cannot be used there."""
+    return os.getpid() != _pid
 
 
 # ---- memory -----------------------------------------------------------------
@@ -197,6 +212,20 @@ def max_memory_allocated(device=None) -> int:
 
 def reset_peak_memory_stats(device=None) -> None:
     _C.reset_peak(_index(device))
+
+
+def memory_reserved(device=None) -> int:
+    """Bytes held for tpu tensors.  There is no caching allocator on top of
+    the plugin's, so this is memory_allocated."""
+    return memory_allocated(device)
+
+
+def max_memory_reserved(device=None) -> int:
+    return max_memory_allocated(device)
+
+
+def empty_cache() -> None:
+    """Nothing to release: freed buffers go back to the plugin at once."""
 
 
 def memory_stats(device=None) -> dict:
@@ -216,7 +245,6 @@ def mem_get_info(device=None):
     if r is not None:
         total, free = r
         return free, total
-    import os
 
     total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     return max(total - memory_allocated(idx), 0), total

@@ -513,6 +513,18 @@ static tp_status *check_device(const tp_plugin *p, int device,
   return NULL;
 }
 
+/* A forked child shares the parent's client but not its threads: any use of
+ * it would hang or crash.  (Freeing is handled in tp_buffer_free.) */
+static tp_status *check_process(const tp_plugin *p) {
+  if (getpid() == p->pid) return NULL;
+  return tp_error(TP_FAILED_PRECONDITION,
+                  "the tpu runtime cannot be used in a forked subprocess (its "
+                  "PJRT client belongs to the parent). To use tpu tensors with "
+                  "multiprocessing, use the 'spawn' start method, e.g. "
+                  "torch.multiprocessing.set_start_method('spawn'), or "
+                  "DataLoader(multiprocessing_context='spawn')");
+}
+
 /* ---- memory accounting ---------------------------------------------------- */
 
 static void mem_add(tp_plugin *p, int device, size_t nbytes) {
@@ -694,6 +706,7 @@ tp_status *tp_buffer_from_host(tp_plugin *p, int device, tp_dtype dt,
   if (!p || !out)
     return tp_error(TP_INVALID_ARGUMENT, "tp_buffer_from_host: NULL argument");
   *out = NULL;
+  TP_RETURN_IF_ERROR(check_process(p));
   TP_RETURN_IF_ERROR(check_device(p, device, "tp_buffer_from_host"));
   int pjrt_type = tp_dtype_to_pjrt(dt);
   if (pjrt_type == PJRT_Buffer_Type_INVALID)
@@ -741,6 +754,7 @@ tp_status *tp_buffer_from_host(tp_plugin *p, int device, tp_dtype dt,
 tp_status *tp_buffer_to_host(tp_buffer *b, void *dst, size_t nbytes) {
   if (!b)
     return tp_error(TP_INVALID_ARGUMENT, "tp_buffer_to_host: NULL buffer");
+  TP_RETURN_IF_ERROR(check_process(b->p));
   if (nbytes != b->nbytes)
     return tp_error(TP_INVALID_ARGUMENT,
                     "tp_buffer_to_host: destination has %zu bytes, buffer has "
@@ -787,6 +801,7 @@ tp_status *tp_buffer_copy_to_device(tp_buffer *b, int device,
                     "tp_buffer_copy_to_device: NULL argument");
   *out = NULL;
   tp_plugin *p = b->p;
+  TP_RETURN_IF_ERROR(check_process(p));
   TP_RETURN_IF_ERROR(check_device(p, device, "tp_buffer_copy_to_device"));
   if (device == b->device)
     return tp_error(TP_INVALID_ARGUMENT,
@@ -806,6 +821,7 @@ tp_status *tp_buffer_copy_to_device(tp_buffer *b, int device,
 tp_status *tp_buffer_await(tp_buffer *b) {
   if (!b) return tp_error(TP_INVALID_ARGUMENT, "tp_buffer_await: NULL buffer");
   tp_plugin *p = b->p;
+  TP_RETURN_IF_ERROR(check_process(p));
   REQUIRE_SLOT(p, PJRT_Buffer_ReadyEvent);
   PJRT_Buffer_ReadyEvent_Args a;
   memset(&a, 0, sizeof a);
@@ -1036,6 +1052,7 @@ tp_status *tp_compile(tp_plugin *p, const char *mlir, size_t len,
   if (!p || !mlir || !out)
     return tp_error(TP_INVALID_ARGUMENT, "tp_compile: NULL argument");
   *out = NULL;
+  TP_RETURN_IF_ERROR(check_process(p));
   REQUIRE_SLOT(p, PJRT_Client_Compile);
   uint8_t options[64];
   size_t options_len = tp_encode_compile_options(options, sizeof options);
@@ -1159,6 +1176,7 @@ static tp_status *wrap_outputs(tp_exec *e, int device, PJRT_Buffer **outv,
 tp_status *tp_execute(tp_exec *e, int device, tp_buffer *const *args,
                       int nargs, uint64_t donate, tp_buffer **outs, int nouts) {
   if (!e) return tp_error(TP_INVALID_ARGUMENT, "tp_execute: NULL executable");
+  TP_RETURN_IF_ERROR(check_process(e->p));
   TP_RETURN_IF_ERROR(check_execute_args(e, device, args, nargs, outs, nouts));
   REQUIRE_SLOT(e->p, PJRT_LoadedExecutable_Execute);
 
@@ -1235,6 +1253,7 @@ tp_status *tp_exec_deserialize(tp_plugin *p, const void *data, size_t len,
   if (!p || !data || !out)
     return tp_error(TP_INVALID_ARGUMENT, "tp_exec_deserialize: NULL argument");
   *out = NULL;
+  TP_RETURN_IF_ERROR(check_process(p));
   REQUIRE_SLOT(p, PJRT_Executable_DeserializeAndLoad);
   PJRT_Executable_DeserializeAndLoad_Args a;
   memset(&a, 0, sizeof a);

@@ -1179,3 +1179,19 @@ def test_div_rounding_modes_lowp_round_like_cpu(dtype, mode):
     if mode == "floor":
         torch.testing.assert_close(torch.floor_divide(a.to("tpu"), b.to("tpu")).cpu(), expected, rtol=0, atol=0,
                                    equal_nan=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.uint8, torch.int32, torch.int64])
+def test_shift_operators(dtype):
+    # x << s, x >> s, <<=, >>=: shifts past the bit width give 0 (left) or
+    # the sign fill (right), as on the CPU.
+    x = torch.tensor([-8, 8, 3, 1, 100], dtype=torch.int64).to(dtype)
+    s = torch.tensor([1, 9, 70, 0, 7]).to(dtype)
+    for f in (lambda a, b: a << b, lambda a, b: a >> b, lambda a, b: a << 3, lambda a, b: a >> 2):
+        assert torch.equal(f(x.to("tpu"), s.to("tpu")).cpu(), f(x, s))
+    y, yc = x.to("tpu"), x.clone()
+    y <<= 2
+    yc <<= 2
+    y >>= s.to("tpu")
+    yc >>= s
+    assert torch.equal(y.cpu(), yc)

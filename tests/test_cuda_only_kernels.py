@@ -196,3 +196,46 @@ def test_fused_optimizer_with_grad_scaler(opt_cls):
             torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-5)
     for x, y in zip(tpu[2][:2], tpu[1][:2]):  # the inf step changed nothing
         assert torch.equal(x, y)
+
+
+@pytest.mark.parametrize("x", [
+    torch.tensor([3, 3, 1, 2, 2]),  # a tie: the smaller value, its last index
+    torch.tensor([5.0, 1.0, 5.0, 1.0, 7.0]),
+    torch.tensor([[1, 2, 2, 3], [4, 4, 1, 1]]),
+    torch.tensor(3.0),
+    torch.randint(0, 4, (3, 5, 7)),
+    torch.tensor([True, False, True]),
+    torch.empty(0, 3),
+], ids=lambda t: f"{t.dtype}-{list(t.shape)}")
+def test_mode(x):
+    for dim in range(-1, max(x.dim(), 1)):
+        for keepdim in (False, True):
+            try:
+                want = torch.mode(x, dim, keepdim)
+            except IndexError as e:  # an empty reduced dim
+                with pytest.raises(IndexError, match=str(e)):
+                    torch.mode(x.to("tpu"), dim, keepdim)
+                continue
+            got = torch.mode(x.to("tpu"), dim, keepdim)
+            assert torch.equal(got.values.cpu(), want.values) and torch.equal(got.indices.cpu(), want.indices)
+
+
+def test_rrelu():
+    import torch.nn.functional as F
+
+    x = torch.randn(1000)
+    # eval: the mean slope, exactly as on the CPU (also in place)
+    torch.testing.assert_close(F.rrelu(x.to("tpu")).cpu(), F.rrelu(x))
+    y = x.to("tpu")
+    F.rrelu(y, inplace=True)
+    torch.testing.assert_close(y.cpu(), F.rrelu(x))
+    # training: a slope in [lower, upper] per negative input, and the
+    # gradient is that slope
+    xt = x.to("tpu").requires_grad_()
+    out = F.rrelu(xt, 0.1, 0.3, training=True)
+    out.sum().backward()
+    slope, grad = (out / xt).detach().cpu(), xt.grad.cpu()
+    neg = x < 0
+    assert ((slope[neg] >= 0.1) & (slope[neg] <= 0.3)).all() and slope[neg].std() > 0.03
+    assert (slope[~neg] == 1).all()
+    torch.testing.assert_close(grad, torch.where(neg, slope, torch.ones_like(slope)))

@@ -287,7 +287,61 @@ def _fused_sgd(params, grads, momentum_buffer_list, *, weight_decay, momentum, l
         _write(pairs, found_inf)
 
 
+# Reductions and activations with only CPU/CUDA kernels.
+
+
+def _mode(x, dim=-1, keepdim=False):
+    """The most frequent value along dim (the smallest among ties; NaNs
+    count as equal) and the index of its last occurrence, as on the CPU."""
+    if x.dim() == 0:
+        return x.clone(), torch.zeros((), dtype=torch.int64, device=x.device)
+    dim = dim % x.dim()
+    n = x.shape[dim]
+    if n == 0:
+        raise IndexError(f"mode(): Expected reduction dim {dim} to have non-zero size.")
+    out_shape = [s for i, s in enumerate(x.shape) if i != dim]
+    if x.numel() == 0:
+        shape = list(x.shape)
+        shape[dim] = 1
+        values = x.new_empty(shape if keepdim else out_shape)
+        return values, torch.empty(values.shape, dtype=torch.int64, device=x.device)
+    values, order = torch.sort(x.movedim(dim, -1), dim=-1, stable=True)
+    same = values[..., 1:] == values[..., :-1]
+    if values.is_floating_point() or values.is_complex():
+        same = same | (values[..., 1:].isnan() & values[..., :-1].isnan())
+    pos = torch.arange(n, device=x.device).expand(values.shape)
+    starts = torch.cat([torch.ones_like(same[..., :1]), ~same], -1)
+    ends = torch.cat([~same, torch.ones_like(same[..., :1])], -1)
+    first = torch.where(starts, pos, torch.zeros_like(pos)).cummax(-1).values
+    counts = torch.where(ends, pos - first + 1, torch.zeros_like(pos))
+    best = counts.argmax(-1, keepdim=True)  # the first maximum: the smallest value
+    value = values.gather(-1, best).squeeze(-1)
+    index = order.gather(-1, best).squeeze(-1)  # stable sort: the last occurrence
+    if keepdim:
+        value, index = value.unsqueeze(dim), index.unsqueeze(dim)
+    return value, index
+
+
+def _rrelu_with_noise(x, noise, lower=0.125, upper=1.0 / 3.0, training=False, generator=None):
+    """Eval: leaky_relu with slope (lower + upper) / 2.  Training: each
+    input <= 0 is scaled by a slope drawn from U(lower, upper), recorded in
+    noise (1 elsewhere) for the backward."""
+    if not training:
+        return F.leaky_relu(x, (lower + upper) / 2)
+    slope = torch.empty_like(x).uniform_(lower, upper, generator=generator)
+    neg = x <= 0
+    noise.copy_(torch.where(neg, slope, torch.ones_like(slope)))
+    return torch.where(neg, x * slope, x)
+
+
+def _rrelu_with_noise_(x, noise, lower=0.125, upper=1.0 / 3.0, training=False, generator=None):
+    return x.copy_(_rrelu_with_noise(x, noise, lower, upper, training, generator))
+
+
 KERNELS = {
+    "aten::mode": _mode,
+    "aten::rrelu_with_noise": _rrelu_with_noise,
+    "aten::rrelu_with_noise_": _rrelu_with_noise_,
     "aten::_thnn_fused_lstm_cell": _lstm_cell,
     "aten::_thnn_fused_lstm_cell_backward_impl": _lstm_cell_backward,
     "aten::_thnn_fused_gru_cell": _gru_cell,

@@ -279,3 +279,42 @@ def test_backend_found_without_importing_dynamo_at_import():
         r = subprocess.run([sys.executable, "-c", src], capture_output=True, text=True, timeout=300)
         assert r.returncode == 0, r.stderr[-2000:]
         assert r.stdout.startswith(want), r.stdout
+
+
+def test_eval_transformer_fast_path_lowers_as_one_graph():
+    # In eval mode without grad, nn.TransformerEncoderLayer and
+    # nn.MultiheadAttention call their CPU/CUDA-only fast-path ops; compiled
+    # mode decomposes them with the device kernels, so the graph is lowered.
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True).eval()
+    x = torch.randn(2, 5, 16)
+    with torch.no_grad():
+        ref = layer(x)
+        cm = torch.compile(layer.to("tpu"), backend="tpu")
+        before = torch_pjrt.metrics()
+        out = cm(x.to("tpu"))
+        after = torch_pjrt.metrics()
+    assert after["graphs_lowered"] == before["graphs_lowered"] + 1
+    assert after["graphs_eager"] == before["graphs_eager"]
+    torch.testing.assert_close(out.cpu(), ref, rtol=1e-5, atol=1e-5)
+
+
+def test_dynamo_does_not_trace_the_op_kernels():
+    # Code that runs eagerly inside a compiled function (nn.LSTM: Dynamo
+    # graph-breaks on it and runs it with its frame hook still set) reaches
+    # the Python op kernels, which Dynamo must not trace as user code: only
+    # the function's own graphs are compiled.
+    torch.manual_seed(0)
+    lstm = torch.nn.LSTM(4, 6, batch_first=True)
+    x = torch.randn(2, 3, 4)
+    ref = (lstm(x * 2)[0] + 1).sum()
+    lstm = lstm.to("tpu")
+
+    def f(x):
+        return (lstm(x * 2)[0] + 1).sum()
+
+    torch._dynamo.reset()
+    before = sum(torch_pjrt._compile.compile_counts().values())
+    out = torch.compile(f, backend="tpu")(x.to("tpu"))
+    assert sum(torch_pjrt._compile.compile_counts().values()) - before <= 2
+    torch.testing.assert_close(out.cpu(), ref.detach(), rtol=1e-5, atol=1e-5)

@@ -16,7 +16,7 @@ import sys
 
 import torch
 
-from . import _C
+from . import _C, _composite
 from ._dispatch import _NUMBER_TYPES, _qualname, _ref
 from ._dtypes import CODE
 
@@ -487,6 +487,13 @@ def _decompositions():
     # Factories with a composite kernel in eager mode that graphs keep whole.
     table[torch.ops.aten.fft_fftfreq.default] = _fftfreq
     table[torch.ops.aten.fft_rfftfreq.default] = _rfftfreq
+    # The kernels PyTorch has only for CPU/CUDA, written in ATen ops for eager
+    # mode, decompose graphs the same way (the MultiheadAttention fast path
+    # that a model in eval mode traces, fused optimizers, ...).
+    for name, fn in _composite.KERNELS.items():
+        ns, rest = name.split("::")
+        base, _, ovl = rest.partition(".")
+        table[getattr(getattr(getattr(torch.ops, ns), base), ovl or "default")] = fn
     return {op: fn for op, fn in table.items() if not _C.has_lowering(_qualname(op))}
 
 
@@ -551,8 +558,33 @@ class _Specialize:
         return _aot(gm, [args[i] for i in keep], **self.kwargs), keep
 
 
+_skipping = False
+
+
+def _skip_kernel_frames():
+    """Keep Dynamo out of the Python op kernels.  Code that runs eagerly
+    inside a compiled function (after a graph break, or a graph run op by
+    op) calls them, and Dynamo would trace and compile each kernel as a user
+    frame.  Dynamo's skip list is a list of path prefixes (internal API;
+    without it the kernels are traced, slowly but correctly)."""
+    global _skipping
+    if _skipping:
+        return
+    _skipping = True
+    try:
+        from torch._dynamo import trace_rules
+
+        from . import _composite, _dispatch
+
+        trace_rules.SKIP_DIRS.extend(m.__file__ for m in (_dispatch, _composite))
+        trace_rules._recompile_re()
+    except Exception:
+        pass
+
+
 def tpu_backend(gm, example_inputs, **kwargs):
     """The Dynamo backend registered as "tpu"."""
+    _skip_kernel_frames()
     name = _frame_name(gm)
     names = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
     if _symbolic(gm):
@@ -575,6 +607,8 @@ def register():
     if "torch._dynamo" not in sys.modules and _entry_point_installed():
         return
     from torch._dynamo import register_backend
+
+    _skip_kernel_frames()
 
     try:
         register_backend(name="tpu")(tpu_backend)

@@ -241,3 +241,40 @@ def test_rrelu():
     assert ((slope[neg] >= 0.1) & (slope[neg] <= 0.3)).all() and slope[neg].std() > 0.03
     assert (slope[~neg] == 1).all()
     torch.testing.assert_close(grad, torch.where(neg, slope, torch.ones_like(slope)))
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("zero_infinity", [False, True])
+@pytest.mark.parametrize("concatenated", [False, True])
+def test_ctc_loss(reduction, zero_infinity, concatenated):
+    import torch.nn.functional as F
+
+    torch.manual_seed(0)
+    T, N, C = 12, 5, 6
+    lp = torch.randn(T, N, C, dtype=torch.float64).log_softmax(2)
+    tl = torch.tensor([3, 0, 5, 2, 3])
+    il = torch.tensor([12, 7, 9, 2, 3])
+    tg = torch.randint(1, C, (N, 5))
+    tg[0, :3] = torch.tensor([2, 2, 3])  # a repeated label needs a blank between
+    tg[4, :3] = torch.tensor([4, 4, 4])  # 3 inputs cannot hold 4 4 4: infinite loss
+    if concatenated:
+        tg = torch.cat([tg[b, :tl[b]] for b in range(N)])
+    out = []
+    for dev in ("cpu", "tpu"):
+        x = lp.to(dev).requires_grad_()
+        loss = F.ctc_loss(x, tg.to(dev), il, tl, reduction=reduction, zero_infinity=zero_infinity)
+        (g,) = torch.autograd.grad(loss.sum(), x)
+        out.append((loss.detach().cpu(), g.cpu()))
+    torch.testing.assert_close(out[1][0], out[0][0], rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(out[1][1], out[0][1], rtol=1e-8, atol=1e-10, equal_nan=True)
+
+
+def test_ctc_loss_unbatched_and_errors():
+    import torch.nn.functional as F
+
+    lp = torch.randn(8, 5).log_softmax(1)
+    tg = torch.tensor([1, 2, 2])
+    want = F.ctc_loss(lp, tg, torch.tensor(8), torch.tensor(3))
+    torch.testing.assert_close(F.ctc_loss(lp.to("tpu"), tg.to("tpu"), torch.tensor(8), torch.tensor(3)).cpu(), want)
+    with pytest.raises(RuntimeError, match="input_lengths to have value at most 8"):
+        F.ctc_loss(lp.to("tpu").unsqueeze(1), tg.unsqueeze(0).to("tpu"), [9], [3])

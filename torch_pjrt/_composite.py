@@ -338,7 +338,130 @@ def _rrelu_with_noise_(x, noise, lower=0.125, upper=1.0 / 3.0, training=False, g
     return x.copy_(_rrelu_with_noise(x, noise, lower, upper, training, generator))
 
 
+# CTC loss (F.ctc_loss): the CPU kernel's alpha/beta recursions in log space
+# (aten/src/ATen/native/LossCTC.cpp), vectorised over the batch and the
+# extended target; one step per time step.  Lengths are host lists.
+
+
+def _lengths(x):
+    return [int(v) for v in (x.tolist() if isinstance(x, torch.Tensor) else x)]
+
+
+def _ctc_setup(log_probs, targets, input_lengths, target_lengths, blank):
+    """Per batch element: the extended target (blanks between and around the
+    labels) and masks of its valid positions and of the allowed skips."""
+    if log_probs.dim() != 3:
+        raise RuntimeError(f"ctc_loss: expected log_probs of shape (T, N, C), got {list(log_probs.shape)}")
+    T, N, C = log_probs.shape
+    il, tl = _lengths(input_lengths), _lengths(target_lengths)
+    if len(il) != N:
+        raise RuntimeError(f"input_lengths must be of size batch_size ({N}), got {len(il)}")
+    if len(tl) != N:
+        raise RuntimeError(f"target_lengths must be of size batch_size ({N}), got {len(tl)}")
+    if not 0 <= blank < C:
+        raise RuntimeError(f"blank must be in label range (0 <= blank < {C}), got {blank}")
+    for v in il:
+        if v < 0 or v > T:
+            raise RuntimeError(f"Expected input_lengths to have value at most {T}, but got value {v}")
+    L = max(tl + [0])
+    dev = log_probs.device
+    if targets.dim() == 1:  # concatenated targets
+        starts = [sum(tl[:b]) for b in range(N)]
+        if sum(tl) > targets.shape[0]:
+            raise RuntimeError("Expected tensor to have size at least "
+                               f"{sum(tl)} at dimension 0, but got size {targets.shape[0]}")
+        idx = [[starts[b] + min(j, max(tl[b] - 1, 0)) for j in range(L)] for b in range(N)]
+        labels = targets.to(dev)[torch.tensor(idx, dtype=torch.long, device=dev).reshape(N, L)] if L \
+            else targets.new_zeros((N, 0)).to(dev)
+    else:
+        if targets.dim() != 2 or targets.shape[0] != N or any(v > targets.shape[1] for v in tl):
+            raise RuntimeError(f"Expected targets of shape (N={N}, S >= max target length {L}) or 1-d, "
+                               f"got {list(targets.shape)}")
+        labels = targets[:, :L].to(dev)
+    S = 2 * L + 1
+    ext = torch.full((N, S), blank, dtype=torch.long, device=dev)
+    if L:
+        ext[:, 1::2] = labels.long()
+    s_pos = torch.arange(S, device=dev)
+    valid = s_pos.unsqueeze(0) < torch.tensor([2 * v + 1 for v in tl], device=dev).unsqueeze(1)
+    prev2 = torch.cat([torch.full((N, 2), -1, dtype=torch.long, device=dev), ext[:, :-2]], 1)
+    skip = (s_pos % 2 == 1).unsqueeze(0) & (ext != prev2) & (s_pos >= 2).unsqueeze(0)
+    lp_ext = log_probs.gather(2, ext.unsqueeze(0).expand(T, N, S))
+    return il, tl, ext, valid, skip, lp_ext
+
+
+def _lse3(a, b, c):
+    m = torch.maximum(torch.maximum(a, b), c)
+    m_safe = torch.where(torch.isinf(m), torch.zeros_like(m), m)
+    return m_safe + torch.log(torch.exp(a - m_safe) + torch.exp(b - m_safe) + torch.exp(c - m_safe))
+
+
+def _ctc_loss(log_probs, targets, input_lengths, target_lengths, blank=0, zero_infinity=False):
+    il, tl, ext, valid, skip, lp_ext = _ctc_setup(log_probs, targets, input_lengths, target_lengths, blank)
+    T, N, S = lp_ext.shape
+    dev = log_probs.device
+    ninf = torch.full((N, 1), float("-inf"), dtype=log_probs.dtype, device=dev)
+    n_in = torch.tensor(il, device=dev).unsqueeze(1)
+    first = (torch.arange(S, device=dev) < 2).unsqueeze(0) & valid & (n_in > 0)
+    alpha = torch.where(first, lp_ext[0], ninf)
+    alphas = [alpha]
+    for t in range(1, T):
+        a2 = torch.cat([ninf, alpha[:, :-1]], 1)
+        a3 = torch.where(skip, torch.cat([ninf, ninf, alpha[:, :-2]], 1), ninf)
+        alpha = torch.where(valid & (t < n_in), _lse3(alpha, a2, a3) + lp_ext[t], ninf)
+        alphas.append(alpha)
+    log_alpha = torch.stack(alphas, 1)  # (N, T, S)
+    last_t = torch.tensor([max(v - 1, 0) for v in il], device=dev)
+    at_end = log_alpha[torch.arange(N, device=dev), last_t]  # (N, S)
+    end = torch.tensor([2 * v for v in tl], device=dev).unsqueeze(1)
+    ll = at_end.gather(1, end).squeeze(1)
+    ll_prev = at_end.gather(1, (end - 1).clamp(min=0)).squeeze(1)
+    has_labels = torch.tensor(tl, device=dev) > 0
+    ll = torch.logaddexp(ll, torch.where(has_labels, ll_prev, ninf.squeeze(1)))
+    ll = torch.where(torch.tensor(il, device=dev) > 0, ll,
+                     torch.where(has_labels, ninf.squeeze(1), torch.zeros_like(ll)))
+    return -ll, log_alpha
+
+
+def _ctc_loss_backward(grad, log_probs, targets, input_lengths, target_lengths, neg_log_likelihood, log_alpha,
+                       blank, zero_infinity=False):
+    il, tl, ext, valid, skip, lp_ext = _ctc_setup(log_probs, targets, input_lengths, target_lengths, blank)
+    T, N, S = lp_ext.shape
+    dev = log_probs.device
+    ninf = torch.full((N, 1), float("-inf"), dtype=log_probs.dtype, device=dev)
+    n_in = torch.tensor(il, device=dev).unsqueeze(1)
+    s_pos = torch.arange(S, device=dev).unsqueeze(0)
+    end = torch.tensor([2 * v for v in tl], device=dev).unsqueeze(1)
+    last = valid & (s_pos >= end - 1) & (s_pos <= end)  # the two states a path may end in
+    skip_next = torch.cat([skip[:, 2:], torch.zeros_like(skip[:, :2])], 1)  # s -> s + 2 allowed
+    betas = [None] * T
+    beta = ninf.expand(N, S)
+    for t in range(T - 1, -1, -1):
+        b2 = torch.cat([beta[:, 1:], ninf], 1)
+        b3 = torch.where(skip_next, torch.cat([beta[:, 2:], ninf, ninf], 1), ninf)
+        rec = _lse3(beta, b2, b3) + lp_ext[t]
+        beta = torch.where(t == n_in - 1, torch.where(last, lp_ext[t], ninf),
+                           torch.where(valid & (t < n_in - 1), rec, ninf))
+        betas[t] = beta
+    log_beta = torch.stack(betas, 0)  # (T, N, S)
+    ab = log_alpha.transpose(0, 1) + log_beta  # (T, N, S)
+    m = ab.amax(2, keepdim=True)
+    m = torch.where(torch.isinf(m), torch.zeros_like(m), m)
+    summed = torch.zeros_like(log_probs).scatter_add(2, ext.unsqueeze(0).expand(T, N, S), torch.exp(ab - m))
+    lcab = torch.log(summed) + m
+    nll = neg_log_likelihood.view(1, N, 1)
+    g = (torch.exp(log_probs) - torch.exp(lcab + nll - log_probs)) * grad.view(1, N, 1)
+    keep = torch.arange(T, device=dev).view(T, 1, 1) < n_in.view(1, N, 1)
+    if zero_infinity:
+        keep = keep & ~torch.isinf(nll)
+    return torch.where(keep, g, torch.zeros_like(g))
+
+
 KERNELS = {
+    "aten::_ctc_loss": _ctc_loss,
+    "aten::_ctc_loss.Tensor": _ctc_loss,
+    "aten::_ctc_loss_backward": _ctc_loss_backward,
+    "aten::_ctc_loss_backward.Tensor": _ctc_loss_backward,
     "aten::mode": _mode,
     "aten::rrelu_with_noise": _rrelu_with_noise,
     "aten::rrelu_with_noise_": _rrelu_with_noise_,

@@ -318,3 +318,17 @@ def test_dynamo_does_not_trace_the_op_kernels():
     out = torch.compile(f, backend="tpu")(x.to("tpu"))
     assert sum(torch_pjrt._compile.compile_counts().values()) - before <= 2
     torch.testing.assert_close(out.cpu(), ref.detach(), rtol=1e-5, atol=1e-5)
+
+
+def test_default_backend_routes_tpu_graphs():
+    # torch.compile(model) means Inductor, which has no code generator for
+    # tpu: tpu graphs go to the "tpu" backend, with a warning.
+    m = _mlp()
+    x = torch.randn(5, 8)
+    ref = m(x).detach()
+    before = torch_pjrt.metrics()["graphs_lowered"]
+    with pytest.warns(UserWarning, match='backend="tpu"'):
+        torch_pjrt._compile._routed_warned.clear()
+        out = torch.compile(m.to("tpu"))(x.to("tpu"))
+    assert torch_pjrt.metrics()["graphs_lowered"] > before
+    torch.testing.assert_close(out.detach().cpu(), ref, rtol=1e-5, atol=1e-6)

@@ -128,5 +128,6 @@ def metrics_report() -> str:
 from . import _compile  # noqa: E402
 
 _compile.register()
+_compile._route_default_backend()
 compile_counts = _compile.compile_counts
 from .bucket import bucket  # noqa: E402,F401

@@ -599,6 +599,32 @@ def _entry_point_installed():
     return any(ep.value == "torch_pjrt._compile:tpu_backend" for ep in entry_points(group="torch_dynamo_backends"))
 
 
+def _route_default_backend():
+    """torch.compile(model) without a backend means Inductor, which cannot
+    generate code for the tpu device (it fails with an internal assert).
+    Graphs whose inputs are on tpu go to the "tpu" backend instead, with a
+    warning once; every other graph still goes to Inductor."""
+    wrapper = getattr(torch, "_TorchCompileInductorWrapper", None)
+    if wrapper is None or getattr(wrapper.__call__, "_tp_routed", False):
+        return
+    inductor_call = wrapper.__call__
+
+    def __call__(self, model_, inputs_, **kwargs):
+        if any(isinstance(t, torch.Tensor) and t.device.type == "tpu" for t in inputs_):
+            if not _routed_warned:
+                _routed_warned.append(True)
+                warnings.warn("torch.compile: Inductor cannot generate code for the tpu device; compiling "
+                              "with backend=\"tpu\" instead (pass backend=\"tpu\" to say so).", stacklevel=2)
+            return tpu_backend(model_, inputs_)
+        return inductor_call(self, model_, inputs_, **kwargs)
+
+    __call__._tp_routed = True
+    wrapper.__call__ = __call__
+
+
+_routed_warned = []
+
+
 def register():
     """Make "tpu" a torch.compile backend.  With the entry point that `make
     setup` installs (tools/dev_install.py), Dynamo finds it by itself and

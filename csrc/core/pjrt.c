@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <pjrt_c_api.h>
@@ -837,12 +838,18 @@ tp_status *tp_buffer_await(tp_buffer *b) {
  * finished.  Dropping a tensor must not make the host wait for the device
  * (that would undo asynchronous execution), so freed buffers go to a queue
  * that one helper thread per plugin drains.  The byte count drops at once.
- * A full queue (the host far ahead of the device) makes the caller destroy
- * the buffer itself, and so wait: that bounds the memory held by freed
- * buffers.  In a forked child the plugin's threads do not exist, and the
- * buffer is left to the parent. */
+ *
+ * Waking the thread for every free would cost a futex wake and a context
+ * switch per eager op, so it collects: woken by the first buffer queued, it
+ * waits REAPER_BATCH_NS (or until REAPER_URGENT_BYTES are queued) before
+ * destroying everything queued.  A full queue (the host far ahead of the
+ * device) makes the caller destroy the buffer itself, and so wait: that
+ * bounds the memory held by freed buffers.  In a forked child the plugin's
+ * threads do not exist, and the buffer is left to the parent. */
 
 #define REAPER_MAX_PENDING 4096
+#define REAPER_BATCH_NS 2000000L           /* 2 ms */
+#define REAPER_URGENT_BYTES (64ull << 20)  /* 64 MiB */
 
 struct reaper {
   pthread_mutex_t lock;
@@ -850,6 +857,7 @@ struct reaper {
   pthread_t thread;
   tp_buffer *head, *tail;
   int pending;
+  size_t pending_bytes;
   bool stop;
 };
 
@@ -864,9 +872,20 @@ static void *reaper_main(void *arg) {
   for (;;) {
     while (!r->head && !r->stop) pthread_cond_wait(&r->wake, &r->lock);
     if (!r->head) break; /* stopping, and nothing left */
+    if (!r->stop && r->pending_bytes < REAPER_URGENT_BYTES) {
+      struct timespec until;
+      clock_gettime(CLOCK_REALTIME, &until);
+      until.tv_nsec += REAPER_BATCH_NS;
+      if (until.tv_nsec >= 1000000000L) {
+        until.tv_sec += 1;
+        until.tv_nsec -= 1000000000L;
+      }
+      pthread_cond_timedwait(&r->wake, &r->lock, &until);
+    }
     tp_buffer *list = r->head;
     r->head = r->tail = NULL;
     r->pending = 0;
+    r->pending_bytes = 0;
     pthread_mutex_unlock(&r->lock);
     while (list) {
       tp_buffer *next = list->next;
@@ -930,14 +949,17 @@ void tp_buffer_free(tp_buffer *b) {
     bool queued = r->pending < REAPER_MAX_PENDING;
     if (queued) {
       b->next = NULL;
-      if (r->tail) {
+      bool was_empty = !r->tail;
+      if (r->tail)
         r->tail->next = b;
-      } else { /* the thread waits only on an empty queue */
+      else
         r->head = b;
-        pthread_cond_signal(&r->wake);
-      }
       r->tail = b;
       r->pending++;
+      bool urgent = r->pending_bytes < REAPER_URGENT_BYTES &&
+                    r->pending_bytes + b->nbytes >= REAPER_URGENT_BYTES;
+      r->pending_bytes += b->nbytes;
+      if (was_empty || urgent) pthread_cond_signal(&r->wake);
     }
     pthread_mutex_unlock(&r->lock);
     if (queued) return;

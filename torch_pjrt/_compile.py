@@ -161,7 +161,7 @@ class GraphProgram:
         # program, returning what the program reads and what the graph returns.
         feeds = [n for n in graph.nodes if n in device_reads and n.op != "placeholder"]
         self.host_gm = None
-        if any(n.op == "call_function" for n in host):
+        if feeds or host_outs or any(n.op == "call_function" for n in host):
             self.host_gm = _host_graph(gm, host, feeds + host_outs)
         for k, n in enumerate(feeds):
             param(n, ("host", k), n.meta.get("val") if n.op != "get_attr" else getattr(gm, n.target))
@@ -574,7 +574,7 @@ def _skip_kernel_frames():
     try:
         from torch._dynamo import trace_rules
 
-        from . import _composite, _dispatch
+        from . import _dispatch
 
         trace_rules.SKIP_DIRS.extend(m.__file__ for m in (_dispatch, _composite))
         trace_rules._recompile_re()

@@ -3,10 +3,12 @@
 Some ATen ops have no decomposition, only per-device kernels, yet PyTorch's
 own modules call them on any PrivateUse1 device: nn.LSTM/GRU's fused cells,
 GradScaler's unscale and update, nn.MultiheadAttention's and
-nn.TransformerEncoderLayer's inference fast path, and the fused optimizers
-(fused=True).  Each function here computes what the CPU kernel computes, from
-ops that have lowerings, so the work stays on the device and never waits for
-it.  The fallback (_dispatch._fallback) finds them by op name in KERNELS.
+nn.TransformerEncoderLayer's inference fast path, the fused optimizers
+(fused=True), torch.mode, F.rrelu and F.ctc_loss.  Each function here
+computes what the CPU kernel computes, from ops that have lowerings, so the
+work stays on the device and never waits for it.  The eager fallback
+(_dispatch._fallback) finds them by op name in KERNELS; compiled mode uses
+them as decompositions (_compile._decompositions).
 """
 import math
 

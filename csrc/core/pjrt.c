@@ -13,13 +13,13 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
-#include <unistd.h>
 
 #include <pjrt_c_api.h>
 
@@ -37,7 +37,7 @@ struct tp_plugin {
   char **device_kinds;
   pthread_mutex_t mem_lock; /* guards mem[] and starting the reaper */
   tp_mem_stats *mem;        /* one per device */
-  pid_t pid;                /* the process that created the client */
+  unsigned fork_gen;        /* g_fork_generation when the client was made */
   struct reaper *reaper;    /* destroys freed buffers; see tp_buffer_free */
 };
 
@@ -255,6 +255,14 @@ static tp_status *check_api(const char *path, const PJRT_Api *api) {
  * else.  Loading the same file twice returns the same table, so remember
  * which tables were initialized. */
 static pthread_mutex_t g_init_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* Bumped in every forked child (pthread_atfork): a client made before the
+ * fork belongs to the parent.  An atomic load is cheaper than getpid(), a
+ * system call, on every execute and free. */
+static atomic_uint g_fork_generation;
+static pthread_once_t g_atfork_once = PTHREAD_ONCE_INIT;
+static void on_fork_child(void) { atomic_fetch_add(&g_fork_generation, 1); }
+static void install_atfork(void) { pthread_atfork(NULL, NULL, on_fork_child); }
 static const PJRT_Api *g_initialized[16];
 static int g_num_initialized;
 
@@ -465,7 +473,8 @@ tp_status *tp_plugin_load(const char *path, const tp_plugin_options *opts,
   tp_plugin *p = calloc(1, sizeof *p);
   if (!p) return out_of_memory("loading a PJRT plugin");
   pthread_mutex_init(&p->mem_lock, NULL);
-  p->pid = getpid();
+  pthread_once(&g_atfork_once, install_atfork);
+  p->fork_gen = atomic_load(&g_fork_generation);
   p->api = api;
   p->path = copy_string(path, strlen(path));
   if (!p->path) {
@@ -516,8 +525,12 @@ static tp_status *check_device(const tp_plugin *p, int device,
 
 /* A forked child shares the parent's client but not its threads: any use of
  * it would hang or crash.  (Freeing is handled in tp_buffer_free.) */
+static bool in_forked_child(const tp_plugin *p) {
+  return atomic_load_explicit(&g_fork_generation, memory_order_relaxed) != p->fork_gen;
+}
+
 static tp_status *check_process(const tp_plugin *p) {
-  if (getpid() == p->pid) return NULL;
+  if (!in_forked_child(p)) return NULL;
   return tp_error(TP_FAILED_PRECONDITION,
                   "the tpu runtime cannot be used in a forked subprocess (its "
                   "PJRT client belongs to the parent). To use tpu tensors with "
@@ -939,7 +952,7 @@ void tp_buffer_free(tp_buffer *b) {
   if (!b) return;
   tp_plugin *p = b->p;
   mem_sub(p, b->device, b->nbytes);
-  if (getpid() != p->pid) {
+  if (in_forked_child(p)) {
     free(b);
     return;
   }

@@ -278,3 +278,22 @@ def test_ctc_loss_unbatched_and_errors():
     torch.testing.assert_close(F.ctc_loss(lp.to("tpu"), tg.to("tpu"), torch.tensor(8), torch.tensor(3)).cpu(), want)
     with pytest.raises(RuntimeError, match="input_lengths to have value at most 8"):
         F.ctc_loss(lp.to("tpu").unsqueeze(1), tg.unsqueeze(0).to("tpu"), [9], [3])
+
+
+@pytest.mark.parametrize("mode", ["bilinear", "nearest", "bicubic"])
+@pytest.mark.parametrize("padding_mode", ["zeros", "border", "reflection"])
+@pytest.mark.parametrize("align_corners", [False, True])
+def test_grid_sample_backward(mode, padding_mode, align_corners):
+    import torch.nn.functional as F
+
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 5, 6)
+    grid = torch.rand(2, 4, 3, 2) * 2.4 - 1.2  # some points outside [-1, 1]
+    go = torch.randn(2, 3, 4, 3)
+    res = []
+    for dev in ("cpu", "tpu"):
+        xd, gd = x.to(dev).requires_grad_(), grid.to(dev).requires_grad_()
+        y = F.grid_sample(xd, gd, mode=mode, padding_mode=padding_mode, align_corners=align_corners)
+        res.append([t.cpu() for t in (y, *torch.autograd.grad(y, (xd, gd), go.to(dev)))])
+    for a, b in zip(res[1], res[0]):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)

@@ -459,7 +459,22 @@ def _ctc_loss_backward(grad, log_probs, targets, input_lengths, target_lengths, 
     return torch.where(keep, g, torch.zeros_like(g))
 
 
+# grid_sample's backward: the vector-Jacobian product of PyTorch's own
+# decomposition of the forward (torch._decomp), through torch.func.
+
+
+def _grid_sampler_2d_backward(grad_output, input, grid, interpolation_mode, padding_mode, align_corners,
+                              output_mask):
+    from torch._decomp import decomposition_table
+
+    forward = decomposition_table[torch.ops.aten.grid_sampler_2d.default]
+    _, vjp = torch.func.vjp(lambda x, g: forward(x, g, interpolation_mode, padding_mode, align_corners), input, grid)
+    grad_input, grad_grid = vjp(grad_output)
+    return grad_input if output_mask[0] else None, grad_grid if output_mask[1] else None
+
+
 KERNELS = {
+    "aten::grid_sampler_2d_backward": _grid_sampler_2d_backward,
     "aten::_ctc_loss": _ctc_loss,
     "aten::_ctc_loss.Tensor": _ctc_loss,
     "aten::_ctc_loss_backward": _ctc_loss_backward,

@@ -297,3 +297,21 @@ def test_grid_sample_backward(mode, padding_mode, align_corners):
         res.append([t.cpu() for t in (y, *torch.autograd.grad(y, (xd, gd), go.to(dev)))])
     for a, b in zip(res[1], res[0]):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("align_corners", [False, True])
+@pytest.mark.parametrize("size", [{"size": (7, 9)}, {"scale_factor": 1.7}, {"scale_factor": (2, 0.5)}],
+                         ids=["size", "scale", "scales"])
+def test_bicubic_upsample_backward(align_corners, size):
+    # Autograd calls the out= form (upsample_bicubic2d_backward.grad_input).
+    import torch.nn.functional as F
+
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 5, 6)
+    res = []
+    for dev in ("cpu", "tpu"):
+        xd = x.to(dev).requires_grad_()
+        y = F.interpolate(xd, mode="bicubic", align_corners=align_corners, **size)
+        g = torch.ones_like(y) * torch.arange(y.shape[-1], device=dev)
+        res.append(torch.autograd.grad(y, xd, g)[0].cpu())
+    torch.testing.assert_close(res[1], res[0], rtol=1e-5, atol=1e-5)

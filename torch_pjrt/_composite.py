@@ -459,7 +459,8 @@ def _ctc_loss_backward(grad, log_probs, targets, input_lengths, target_lengths, 
     return torch.where(keep, g, torch.zeros_like(g))
 
 
-# grid_sample's backward: the vector-Jacobian product of PyTorch's own
+# Backward ops with no decomposition whose forward has one (grid_sample,
+# bicubic upsampling): the vector-Jacobian product of PyTorch's own
 # decomposition of the forward (torch._decomp), through torch.func.
 
 
@@ -473,8 +474,20 @@ def _grid_sampler_2d_backward(grad_output, input, grid, interpolation_mode, padd
     return grad_input if output_mask[0] else None, grad_grid if output_mask[1] else None
 
 
+def _upsample_bicubic2d_backward(grad_output, output_size, input_size, align_corners, scales_h=None,
+                                 scales_w=None):
+    # The forward is linear in its input: the VJP at zeros is the backward.
+    from torch._decomp import decomposition_table
+
+    forward = decomposition_table[torch.ops.aten.upsample_bicubic2d.default]
+    _, vjp = torch.func.vjp(lambda x: forward(x, output_size, align_corners, scales_h, scales_w),
+                            grad_output.new_zeros(input_size))
+    return vjp(grad_output)[0]
+
+
 KERNELS = {
     "aten::grid_sampler_2d_backward": _grid_sampler_2d_backward,
+    "aten::upsample_bicubic2d_backward": _upsample_bicubic2d_backward,
     "aten::_ctc_loss": _ctc_loss,
     "aten::_ctc_loss.Tensor": _ctc_loss,
     "aten::_ctc_loss_backward": _ctc_loss_backward,

@@ -881,6 +881,12 @@ def _fallback(op, *args, **kwargs):
     special = _SPECIAL.get(name)
     if special is not None:
         return special(*args, **kwargs)
+    if h.is_out:  # the out= form of an op with a device kernel
+        fop = h.functional_op()
+        special = _SPECIAL.get(_qualname(fop)) if fop is not None else None
+        if special is not None:
+            call_args, call_kwargs = h.functional_call(args, kwargs, fop)
+            return _into_outs(h, args, kwargs, special(*call_args, **call_kwargs))
     depth = getattr(_state, "decomp_depth", 0)
     decomp = _decomposition(op) if depth < 8 and name not in _WRONG_DECOMPOSITIONS else None
     call_args, call_kwargs = args, kwargs

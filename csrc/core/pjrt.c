@@ -443,11 +443,14 @@ static tp_status *read_devices(tp_plugin *p) {
 }
 
 static void reaper_stop(tp_plugin *p);
+static bool in_forked_child(const tp_plugin *p);
 
 static void plugin_free(tp_plugin *p) {
   if (!p) return;
-  reaper_stop(p);
-  if (p->client) destroy_client(p->api, p->client);
+  if (!in_forked_child(p)) { /* a child has neither the thread nor the client */
+    reaper_stop(p);
+    if (p->client) destroy_client(p->api, p->client);
+  }
   if (p->device_kinds)
     for (int i = 0; i < p->num_devices; i++) free(p->device_kinds[i]);
   free(p->device_kinds);

@@ -7,6 +7,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "ctest.h"
@@ -423,6 +424,36 @@ TEST(test_free_many) {
   CHECK_EQ_INT(after.live_buffers, before.live_buffers);
 }
 
+/* A forked child must not touch the parent's client: calls fail with a
+ * message naming the spawn start method, and freeing a buffer or destroying
+ * the plugin there neither hangs nor crashes. */
+TEST(test_forked_child) {
+  tp_buffer *a = make_f32(0, kA, k2x3, 2);
+  fflush(NULL);
+  pid_t pid = fork();
+  CHECK(pid >= 0);
+  if (pid == 0) {
+    tp_buffer *b = NULL;
+    tp_status *st = tp_buffer_from_host(P, 0, TP_F32, k2x3, 2, kA, &b);
+    int ok = st && strstr(tp_status_message(st), "forked") && strstr(tp_status_message(st), "spawn");
+    tp_status_free(st);
+    float back[6];
+    st = tp_buffer_to_host(a, back, sizeof back);
+    ok = ok && st != NULL;
+    tp_status_free(st);
+    tp_buffer_free(a);
+    tp_plugin_destroy(P);
+    _exit(ok ? 0 : 1);
+  }
+  int status = 0;
+  CHECK(waitpid(pid, &status, 0) == pid);
+  CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  float back[6] = {0};
+  CHECK_OK(tp_buffer_to_host(a, back, sizeof back)); /* the parent still works */
+  CHECK(memcmp(back, kA, sizeof kA) == 0);
+  tp_buffer_free(a);
+}
+
 TEST(test_execute_bad_args) {
   tp_exec *e = compile(kAdd);
   if (!e) return;
@@ -704,6 +735,7 @@ int main(void) {
   RUN(test_execute_two_outputs);
   RUN(test_free_while_running);
   RUN(test_free_many);
+  RUN(test_forked_child);
   RUN(test_execute_bad_args);
   RUN(test_donation);
   RUN(test_invalid_programs);

@@ -315,3 +315,22 @@ def test_bicubic_upsample_backward(align_corners, size):
         g = torch.ones_like(y) * torch.arange(y.shape[-1], device=dev)
         res.append(torch.autograd.grad(y, xd, g)[0].cpu())
     torch.testing.assert_close(res[1], res[0], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+def test_multilabel_margin_loss(reduction):
+    import torch.nn.functional as F
+
+    torch.manual_seed(0)
+    cases = [(torch.randn(4), torch.tensor([3, 0, -1, 1])),
+             (torch.randn(3, 5), torch.tensor([[3, 0, -1, 1, 2], [1, 1, 2, -1, 0], [-1, 0, 0, 0, 0]])),
+             (torch.randn(2, 4), torch.tensor([[0, 1, 2, 3], [3, 3, 3, 3]]))]
+    for x, t in cases:
+        out = []
+        for dev in ("cpu", "tpu"):
+            xd = x.to(dev).requires_grad_()
+            loss = F.multilabel_margin_loss(xd, t.to(dev), reduction=reduction)
+            (g,) = torch.autograd.grad(loss.sum(), xd)
+            out.append((loss.detach().cpu(), g.cpu()))
+        torch.testing.assert_close(out[1][0], out[0][0])
+        torch.testing.assert_close(out[1][1], out[0][1])

@@ -340,6 +340,30 @@ def _rrelu_with_noise_(x, noise, lower=0.125, upper=1.0 / 3.0, training=False, g
     return x.copy_(_rrelu_with_noise(x, noise, lower, upper, training, generator))
 
 
+def _multilabel_margin_loss_forward(x, target, reduction):
+    """Per sample: the hinge 1 - (x[y] - x[i]) summed over its target classes
+    y (the entries before the first -1, repeats counted) and its non-target
+    classes i, over C; and the 0/1 mask of target classes."""
+    X = x.reshape(1, -1) if x.dim() <= 1 else x
+    T = target.reshape(1, -1) if target.dim() <= 1 else target
+    if X.shape != T.shape:
+        raise RuntimeError(f"inconsistent target size: {list(target.shape)} for input of size: {list(x.shape)}")
+    C = X.shape[1]
+    valid = (T >= 0).long().cumprod(1).bool()  # the entries before the first -1
+    index = T.clamp(min=0).long()
+    is_target = torch.zeros_like(X).scatter_reduce(1, index, valid.to(X.dtype), "amax")
+    hinge = (1 - (X.gather(1, index).unsqueeze(2) - X.unsqueeze(1))).clamp(min=0)
+    pairs = valid.unsqueeze(2) & (is_target == 0).unsqueeze(1)
+    loss = (hinge * pairs).sum((1, 2)) / C
+    if reduction == 1:
+        loss = loss.mean()
+    elif reduction == 2:
+        loss = loss.sum()
+    elif x.dim() <= 1:
+        loss = loss.reshape(())
+    return loss.to(x.dtype), is_target.reshape(x.shape)
+
+
 # CTC loss (F.ctc_loss): the CPU kernel's alpha/beta recursions in log space
 # (aten/src/ATen/native/LossCTC.cpp), vectorised over the batch and the
 # extended target; one step per time step.  Lengths are host lists.
@@ -486,6 +510,7 @@ def _upsample_bicubic2d_backward(grad_output, output_size, input_size, align_cor
 
 
 KERNELS = {
+    "aten::multilabel_margin_loss_forward": _multilabel_margin_loss_forward,
     "aten::grid_sampler_2d_backward": _grid_sampler_2d_backward,
     "aten::upsample_bicubic2d_backward": _upsample_bicubic2d_backward,
     "aten::_ctc_loss": _ctc_loss,

@@ -218,3 +218,17 @@ def test_fast_kernels_off_gives_the_same_results():
         _dispatch.fast_kernels(was)
     torch.testing.assert_close(on, off, rtol=0, atol=0)
     torch.testing.assert_close(on, x * y + 1.5)
+
+
+def test_like_factories_never_enter_python():
+    # empty_like/zeros_like/ones_like take PyTorch's generic kernels: an
+    # allocation in the glue and a fill by a fast kernel, no Python kernel.
+    x = torch.randn(4, 3, device="tpu").t()
+    for f in (torch.empty_like, torch.zeros_like, torch.ones_like):
+        f(x)
+    with python_entries() as calls:
+        outs = [f(x, memory_format=torch.preserve_format) for f in (torch.empty_like, torch.zeros_like,
+                                                                       torch.ones_like)]
+    assert calls == []
+    assert all(o.stride() == x.stride() for o in outs)
+    assert outs[1].cpu().eq(0).all() and outs[2].cpu().eq(1).all()

@@ -102,12 +102,9 @@ def _i():
 
 
 REACH = {
-    "aten::empty_like": lambda: torch.empty_like(_x()),
     "aten::new_empty": lambda: _x().new_empty((2,)),
     "aten::new_empty_strided": lambda: _x().new_empty_strided((2, 2), (1, 2)),
-    "aten::zeros_like": lambda: torch.zeros_like(_x()),
     "aten::new_zeros": lambda: _x().new_zeros(3),
-    "aten::ones_like": lambda: torch.ones_like(_x()),
     "aten::new_ones": lambda: _x().new_ones(3),
     "aten::new_full": lambda: _x().new_full((2,), 2.0),
     "aten::full_like": lambda: torch.full_like(_x(), 2),
@@ -208,7 +205,7 @@ for _name in ("exp expm1 exp2 log log1p log2 log10 sqrt rsqrt sin cos tan tanh a
 NOT_EAGER = {
     "aten::empty.memory_format", "aten::empty_strided", "aten::empty_permuted", "aten::zeros", "aten::ones",
     "aten::full", "aten::scalar_tensor", "aten::clone", "aten::_to_copy", "prims::fma", "aten::square",
-    "aten::isfinite", "aten::silu_backward",
+    "aten::isfinite", "aten::silu_backward", "aten::empty_like", "aten::zeros_like", "aten::ones_like",
 }
 
 
@@ -1061,7 +1058,7 @@ def test_compiled_graph_entries():
         s = torch.scalar_tensor(1.5, device=x.device)
         c = x.clone() + x.to(torch.int32).to(torch.float32)
         q = torch.square(x) + torch.isfinite(x / (x - x.max())).float()
-        h = torch.nn.functional.silu(x)
+        h = torch.nn.functional.silu(x) + torch.zeros_like(x) * torch.ones_like(x) + torch.empty_like(x).zero_()
         return z * full + e + s + c + q + h, (i.to(torch.float32) * 2.7).to(torch.int64), torch.ops.prims.fma(x, x, x)
 
     x = randn(2, 3, scale=3)

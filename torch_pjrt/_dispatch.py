@@ -1219,6 +1219,10 @@ def _is_view(op):
 
 
 # Ops whose generic implementation must keep running (device transfers).
-# _unsafe_view is a view without the schema's alias mark.
+# _unsafe_view is a view without the schema's alias mark.  empty_like,
+# zeros_like and ones_like: PyTorch's generic kernels allocate (the glue's
+# empty_strided: no program, no Python) and fill with a fast kernel; their
+# rules serve compiled graphs.
 _NOT_DIRECT = {"aten::_to_copy", "aten::copy_", "aten::clone", "aten::lift_fresh_copy", "aten::detach",
-               "aten::alias", "aten::_unsafe_view", "aten::_reshape_alias"}
+               "aten::alias", "aten::_unsafe_view", "aten::_reshape_alias", "aten::empty_like",
+               "aten::zeros_like", "aten::ones_like"}

@@ -795,22 +795,13 @@ def test_mse_loss_lowp_rounds_like_cpu(dtype):
     check(lambda a, b: F.mse_loss(a, b, reduction="sum"), a, b)
 
 
-def test_multilabel_margin_loss_refused_not_wrong():
+def test_multilabel_margin_loss_stops_at_the_first_minus_one():
     # PyTorch's decomposition counts targets after a row's first -1; the CPU
-    # kernel stops there.  Until it has a lowering the op refuses clearly,
-    # and with CPU fallback on it matches.
-    import torch_pjrt
-
+    # kernel stops there, and so does the device kernel (_composite.py).
     inp = torch.randn(3, 4)
     tgt = torch.tensor([[3, 0, -1, 1], [0, 1, 2, 3], [-1, 1, 2, 3]])
-    with pytest.raises(NotImplementedError, match="multilabel_margin_loss_forward"):
-        F.multilabel_margin_loss(inp.to("tpu"), tgt.to("tpu"))
-    torch_pjrt.set_cpu_fallback(True)
-    try:
-        torch.testing.assert_close(F.multilabel_margin_loss(inp.to("tpu"), tgt.to("tpu")).cpu(),
-                                   F.multilabel_margin_loss(inp, tgt))
-    finally:
-        torch_pjrt.set_cpu_fallback(False)
+    torch.testing.assert_close(F.multilabel_margin_loss(inp.to("tpu"), tgt.to("tpu")).cpu(),
+                               F.multilabel_margin_loss(inp, tgt))
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

@@ -35,7 +35,7 @@ struct tp_plugin {
   int num_devices;
   PJRT_Device **devices; /* addressable devices, index = our device id */
   char **device_kinds;
-  pthread_mutex_t mem_lock; /* guards mem[] and starting the reaper */
+  pthread_mutex_t mem_lock; /* guards mem[] */
   tp_mem_stats *mem;        /* one per device */
   unsigned fork_gen;        /* g_fork_generation when the client was made */
   struct reaper *reaper;    /* destroys freed buffers; see tp_buffer_free */
@@ -442,6 +442,7 @@ static tp_status *read_devices(tp_plugin *p) {
   return NULL;
 }
 
+static void reaper_start(tp_plugin *p);
 static void reaper_stop(tp_plugin *p);
 static bool in_forked_child(const tp_plugin *p);
 
@@ -491,6 +492,7 @@ tp_status *tp_plugin_load(const char *path, const tp_plugin_options *opts,
   tp_status *st = read_attributes(p);
   if (!st) st = create_configured_client(p, opts);
   if (!st) st = read_devices(p);
+  if (!st) reaper_start(p);
   if (st) {
     plugin_free(p);
     return tp_error_wrap(st, "loading PJRT plugin %s", path);
@@ -853,7 +855,8 @@ tp_status *tp_buffer_await(tp_buffer *b) {
  * PJRT_Buffer_Destroy blocks until every program that reads the buffer has
  * finished.  Dropping a tensor must not make the host wait for the device
  * (that would undo asynchronous execution), so freed buffers go to a queue
- * that one helper thread per plugin drains.  The byte count drops at once.
+ * that one helper thread per plugin (started with the client) drains.  The
+ * byte count drops at once.
  *
  * Waking the thread for every free would cost a futex wake and a context
  * switch per eager op, so it collects: woken by the first buffer queued, it
@@ -914,26 +917,20 @@ static void *reaper_main(void *arg) {
   return NULL;
 }
 
-/* The plugin's reaper, started on first use; NULL if it cannot run. */
-static struct reaper *reaper_get(tp_plugin *p) {
-  pthread_mutex_lock(&p->mem_lock);
-  struct reaper *r = p->reaper;
-  if (!r) {
-    r = calloc(1, sizeof *r);
-    if (r) {
-      pthread_mutex_init(&r->lock, NULL);
-      pthread_cond_init(&r->wake, NULL);
-      if (pthread_create(&r->thread, NULL, reaper_main, r) != 0) {
-        pthread_cond_destroy(&r->wake);
-        pthread_mutex_destroy(&r->lock);
-        free(r);
-        r = NULL;
-      }
-    }
-    p->reaper = r;
+/* Start the plugin's reaper; without one (thread creation failed) frees
+ * destroy buffers in the caller. */
+static void reaper_start(tp_plugin *p) {
+  struct reaper *r = calloc(1, sizeof *r);
+  if (!r) return;
+  pthread_mutex_init(&r->lock, NULL);
+  pthread_cond_init(&r->wake, NULL);
+  if (pthread_create(&r->thread, NULL, reaper_main, r) != 0) {
+    pthread_cond_destroy(&r->wake);
+    pthread_mutex_destroy(&r->lock);
+    free(r);
+    return;
   }
-  pthread_mutex_unlock(&p->mem_lock);
-  return r;
+  p->reaper = r;
 }
 
 /* Destroy every queued buffer and end the thread (before the client goes). */
@@ -959,7 +956,7 @@ void tp_buffer_free(tp_buffer *b) {
     free(b);
     return;
   }
-  struct reaper *r = reaper_get(p);
+  struct reaper *r = p->reaper;
   if (r) {
     pthread_mutex_lock(&r->lock);
     bool queued = r->pending < REAPER_MAX_PENDING;

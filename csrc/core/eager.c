@@ -77,7 +77,7 @@ static void key_value_arg(kbuf *k, const tp_arg *a) {
 
 /* ---- program cache ----------------------------------------------------------- */
 
-typedef enum { SRC_STORAGE, SRC_SCALAR, SRC_RNG } src_kind;
+typedef enum { SRC_STORAGE, SRC_SCALAR, SRC_RNG, SRC_CHECK } src_kind;
 
 typedef struct param_src {
   src_kind kind;
@@ -99,6 +99,8 @@ typedef struct entry {
   int *res_storage; /* result j replaces the buffer of storage res_storage[j] */
   uint64_t donate;  /* bit i: parameter i's buffer is donated to its result */
   uint64_t rng_count;
+  int check_storage;   /* index of the device's check flag among the storages, -1: no checks */
+  int64_t check_base;  /* id of the program's first check (SRC_CHECK parameter) */
 } entry;
 
 /* Everything below is guarded by tp_storage_lock(), which the engine holds
@@ -390,6 +392,10 @@ struct tp_lower_ctx {
   param_src *params;
   int nparams, capparams;
   int rng_used;
+  int device;
+  /* index checks (tp_node.check) the program being built makes */
+  int nchecks, capchecks;
+  struct pending_check *checks;
 };
 
 static int storage_index(tp_lower_ctx *c, tp_storage *s) {
@@ -447,6 +453,220 @@ static tp_val cb_rng_key(tp_emit *e, const tp_node *n) {
   int64_t two = 2;
   tp_type t = tp_type_make(TP_U64, 1, &two);
   return em_param(e, &t);
+}
+
+/* ---- index checks ----------------------------------------------------------------
+ *
+ * PyTorch checks indices on the host before it indexes; a program cannot
+ * raise.  A rule declares the range its indices must lie in (tp_node.check);
+ * the program then also updates the device's check flag, a storage holding
+ * two i64 values: the id of the first check that failed since the flag was
+ * last read (0: none) and the offending index.  Reading a tensor or
+ * synchronizing reads the flag when a checking program ran since the last
+ * look, and raises the check's error there (like CUDA's device-side asserts,
+ * but recoverable: the flag is cleared).  TORCH_PJRT_LAUNCH_BLOCKING=1 reads
+ * it after every checking op instead, so the error names the op where it
+ * happened.
+ *
+ * A check's id is its message's index in a process-wide table.  A program's
+ * checks get consecutive ids from a base that is a runtime parameter, so a
+ * program loaded from the disk cache reports this process's messages.  All
+ * of this is guarded by tp_storage_lock(). */
+
+typedef struct pending_check {
+  tp_val bad;   /* i1 rank 0: some index is out of range */
+  tp_val value; /* i64 rank 0: the first offending index */
+  tp_code code;
+  char msg[512];
+} pending_check;
+
+typedef struct check_msg {
+  tp_code code;
+  char *op;
+  char *msg;
+} check_msg;
+
+#define MAX_CHECK_MSGS (1 << 20)
+static check_msg *g_msgs; /* id i is g_msgs[i - 1] */
+static int64_t g_nmsgs, g_capmsgs;
+static tp_storage **g_flag; /* per device, created on first use */
+static char *g_flag_dirty;
+static int g_nflag;
+
+static void cb_check(tp_emit *e, const tp_node *n, tp_val idx, int64_t lo, int64_t hi, tp_code code,
+                     const char *msg) {
+  tp_lower_ctx *c = n->ctx;
+  if (em_failed(e)) return;
+  if (c->nchecks == c->capchecks) {
+    int nc = c->capchecks ? c->capchecks * 2 : 4;
+    pending_check *np = realloc(c->checks, sizeof(pending_check) * (size_t)nc);
+    if (!np) {
+      em_fail(e, TP_RESOURCE_EXHAUSTED, "out of host memory");
+      return;
+    }
+    c->checks = np;
+    c->capchecks = nc;
+  }
+  /* flat i64 indices; the first offending one (row-major), as PyTorch's
+   * host-side checks report */
+  tp_val v = em_convert(e, idx, TP_I64);
+  int64_t nel = tp_type_numel(em_type(e, v)), zero = 0;
+  v = em_reshape(e, v, 1, &nel);
+  tp_type t = tp_type_make(TP_I64, 1, &nel);
+  tp_val bad = em_binary(e, "stablehlo.or", em_compare(e, "LT", v, em_bcast_to(e, em_const_i(e, lo, TP_I64), 1, &nel)),
+                  em_compare(e, "GE", v, em_bcast_to(e, em_const_i(e, hi, TP_I64), 1, &nel)));
+  tp_val pos = em_iota(e, &t, 0);
+  tp_val first = em_reduce(e, em_select(e, bad, pos, em_full(e, (double)nel, &t)), em_const_i(e, nel, TP_I64), &zero,
+                           1, "stablehlo.minimum");
+  tp_val at = em_compare(e, "EQ", pos, em_bcast_to(e, first, 1, &nel));
+  tp_val value = em_reduce(e, em_select(e, at, v, em_bcast_to(e, em_const_i(e, INT64_MIN, TP_I64), 1, &nel)),
+                           em_const_i(e, INT64_MIN, TP_I64), &zero, 1, "stablehlo.maximum");
+  bad = em_compare(e, "LT", first, em_const_i(e, nel, TP_I64));
+  pending_check *pc = &c->checks[c->nchecks++];
+  pc->bad = bad;
+  pc->value = value;
+  pc->code = code;
+  snprintf(pc->msg, sizeof pc->msg, "%s", msg);
+}
+
+/* The id of the first of k messages, added to the table unless the same run
+ * of messages is there already. */
+static int64_t check_ids(const char *op, const pending_check *pc, int k) {
+  for (int64_t b = 0; b + k <= g_nmsgs; b++) {
+    int same = 1;
+    for (int j = 0; same && j < k; j++)
+      same = g_msgs[b + j].code == pc[j].code && !strcmp(g_msgs[b + j].op, op) && !strcmp(g_msgs[b + j].msg, pc[j].msg);
+    if (same) return b + 1;
+  }
+  if (g_nmsgs + k > MAX_CHECK_MSGS) return -1;
+  if (g_nmsgs + k > g_capmsgs) {
+    int64_t nc = g_capmsgs ? g_capmsgs * 2 : 64;
+    while (nc < g_nmsgs + k) nc *= 2;
+    check_msg *nm = realloc(g_msgs, sizeof(check_msg) * (size_t)nc);
+    if (!nm) return -1;
+    g_msgs = nm;
+    g_capmsgs = nc;
+  }
+  int64_t base = g_nmsgs + 1;
+  for (int j = 0; j < k; j++) {
+    check_msg *m = &g_msgs[g_nmsgs];
+    m->code = pc[j].code;
+    m->op = strdup(op);
+    m->msg = strdup(pc[j].msg);
+    if (!m->op || !m->msg) {
+      free(m->op);
+      free(m->msg);
+      return -1;
+    }
+    g_nmsgs++;
+  }
+  return base;
+}
+
+/* The device's check flag (two i64 zeros at first); NULL if out of memory. */
+static tp_storage *flag_storage(tp_plugin *p, int device, tp_status **st) {
+  *st = NULL;
+  if (device >= g_nflag) {
+    int nn = device + 1;
+    tp_storage **nf = realloc(g_flag, sizeof(tp_storage *) * (size_t)nn);
+    if (!nf) return NULL;
+    g_flag = nf;
+    char *nd = realloc(g_flag_dirty, (size_t)nn);
+    if (!nd) return NULL;
+    g_flag_dirty = nd;
+    for (int i = g_nflag; i < nn; i++) g_flag[i] = NULL, g_flag_dirty[i] = 0;
+    g_nflag = nn;
+  }
+  if (!g_flag[device]) {
+    tp_storage *fs = tp_storage_new(device, 2 * sizeof(int64_t));
+    if (!fs) return NULL;
+    int64_t zero[2] = {0, 0}, two = 2;
+    tp_buffer *b = NULL;
+    *st = tp_buffer_from_host(p, device, TP_I64, &two, 1, zero, &b);
+    if (*st) {
+      tp_storage_free(fs);
+      return NULL;
+    }
+    tp_storage_set_buffer(fs, b);
+    g_flag[device] = fs;
+  }
+  return g_flag[device];
+}
+
+/* Emit the update of the check flag for the checks the program made. */
+static tp_status *emit_flag_update(tp_plugin *p, tp_emit *e, tp_lower_ctx *c, const char *op, entry *en) {
+  tp_status *st = NULL;
+  tp_storage *flag = flag_storage(p, c->device, &st);
+  if (!flag) return st ? st : tp_error(TP_RESOURCE_EXHAUSTED, "out of host memory");
+  int fs = storage_index(c, flag);
+  if (fs < 0) return tp_error(TP_RESOURCE_EXHAUSTED, "too many distinct storages in one op");
+  int64_t base = check_ids(op, c->checks, c->nchecks);
+  if (base < 0) return tp_error(TP_RESOURCE_EXHAUSTED, "out of host memory (index check messages)");
+  c->st_dt[fs] = TP_I64;
+  c->st_numel[fs] = 2;
+  c->st_read[fs] = 1;
+  tp_val old = storage_param(e, c, fs);
+  if (push_param(c, SRC_CHECK, 0, TP_I64) < 0) return tp_error(TP_RESOURCE_EXHAUSTED, "out of host memory");
+  tp_type t0 = tp_type_make(TP_I64, 0, NULL);
+  tp_val vbase = em_param(e, &t0);
+  tp_val code = em_const_i(e, 0, TP_I64), value = em_const_i(e, 0, TP_I64);
+  for (int k = c->nchecks - 1; k >= 0; k--) {
+    tp_val id = em_binary(e, "stablehlo.add", vbase, em_const_i(e, k, TP_I64));
+    code = em_select(e, c->checks[k].bad, id, code);
+    value = em_select(e, c->checks[k].bad, c->checks[k].value, value);
+  }
+  int64_t one = 1, z = 0, lim1 = 1, lim2 = 2;
+  tp_val prev = em_reshape(e, em_slice(e, old, &z, &lim1, NULL), 0, NULL);
+  tp_val prev_value = em_reshape(e, em_slice(e, old, &one, &lim2, NULL), 0, NULL);
+  tp_val keep = em_compare(e, "NE", prev, em_const_i(e, 0, TP_I64));
+  tp_val parts[2] = {em_reshape(e, em_select(e, keep, prev, code), 1, &one),
+                     em_reshape(e, em_select(e, keep, prev_value, value), 1, &one)};
+  c->st_cur[fs] = em_concat(e, parts, 2, 0);
+  en->check_storage = fs;
+  en->check_base = base;
+  return NULL;
+}
+
+/* Read device's check flag if a checking program ran since the last look;
+ * the error of a failed check (and the flag cleared), else NULL.  `at_op`:
+ * called right after the op that ran the check. */
+static tp_status *check_flag(tp_plugin *p, int device, int at_op) {
+  if (device < 0 || device >= g_nflag || !g_flag_dirty[device]) return NULL;
+  int64_t v[2] = {0, 0};
+  TP_RETURN_IF_ERROR(tp_buffer_to_host(tp_storage_buffer(g_flag[device]), v, sizeof v));
+  g_flag_dirty[device] = 0;
+  g_stats.d2h_transfers++;
+  g_stats.d2h_bytes += (int64_t)sizeof v;
+  if (v[0] == 0) return NULL;
+  int64_t zero[2] = {0, 0}, two = 2;
+  tp_buffer *b = NULL;
+  TP_RETURN_IF_ERROR(tp_buffer_from_host(p, device, TP_I64, &two, 1, zero, &b));
+  tp_storage_set_buffer(g_flag[device], b);
+  if (v[0] < 1 || v[0] > g_nmsgs) return tp_error(TP_INTERNAL, "tpu:%d: corrupt index check flag (%" PRId64 ")", device, v[0]);
+  const check_msg *m = &g_msgs[v[0] - 1];
+  char text[600], num[32];
+  snprintf(num, sizeof num, "%" PRId64, v[1]);
+  size_t q = 0;
+  for (const char *s = m->msg; *s && q + 1 < sizeof text; s++) {
+    if (s[0] == '{' && s[1] == '}') {
+      q += (size_t)snprintf(text + q, sizeof text - q, "%s", num);
+      if (q >= sizeof text) q = sizeof text - 1;
+      s++;
+    } else {
+      text[q++] = *s;
+    }
+  }
+  text[q] = 0;
+  if (at_op) return tp_error(m->code, "%s", text);
+  return tp_error(m->code,
+                  "%s (found on tpu:%d by %s, which ran asynchronously before this point; set "
+                  "TORCH_PJRT_LAUNCH_BLOCKING=1 to raise it at that op)",
+                  text, device, m->op);
+}
+
+static int launch_blocking(void) {
+  const char *v = getenv("TORCH_PJRT_LAUNCH_BLOCKING");
+  return v && v[0] == '1';
 }
 
 /* ---- views over flat storage values --------------------------------------------- */
@@ -941,6 +1161,7 @@ static tp_status *build_entry(tp_plugin *p, tp_lower_ctx *c, const char *op, tp_
     st = tp_error(TP_RESOURCE_EXHAUSTED, "out of host memory building %s", op);
     goto done;
   }
+  en->check_storage = -1;
   for (int i = 0; i < nargs; i++) {
     la[i] = args[i].a;
     if (la[i].kind == TP_ARG_TENSOR) la[i].v = view_read(e, c, args[i].t);
@@ -958,7 +1179,7 @@ static tp_status *build_entry(tp_plugin *p, tp_lower_ctx *c, const char *op, tp_
     ot[i] = out_types ? out_types[i] : tp_type_make(outs[i].dt, outs[i].rank, outs[i].sizes);
     ov[i] = -1;
   }
-  tp_node n = {op, nargs, la, nouts, ot, c, cb_scalar, cb_rng_key};
+  tp_node n = {op, nargs, la, nouts, ot, c, cb_scalar, cb_rng_key, cb_check};
   if (!em_failed(e)) fn(e, &n, ov);
   for (int i = 0; i < nouts && !em_failed(e); i++) {
     if (ov[i] < 0) {
@@ -977,6 +1198,7 @@ static tp_status *build_entry(tp_plugin *p, tp_lower_ctx *c, const char *op, tp_
     }
     view_write(e, c, &outs[i], ov[i]);
   }
+  if (!em_failed(e) && c->nchecks > 0 && (st = emit_flag_update(p, e, c, op, en)) != NULL) goto done;
   int nres = 0;
   en->res_storage = calloc((size_t)c->nst + 1, sizeof(int));
   if (!en->res_storage) {
@@ -1091,6 +1313,7 @@ static tp_status *run_locked(tp_plugin *p, tp_lower_ctx *c, const char *op, cons
     total_out += ref_numel(&outs[i]);
   }
   if (device < 0) device = 0;
+  c->device = device;
   for (int s = 0; s < c->nst; s++) {
     tp_buffer *b = tp_storage_buffer(c->st[s]);
     c->st_dt[s] = b ? tp_buffer_dtype(b) : TP_DTYPE_INVALID;
@@ -1115,6 +1338,16 @@ static tp_status *run_locked(tp_plugin *p, tp_lower_ctx *c, const char *op, cons
   int uncached = 0;
   if (en) {
     g_stats.cache_hits++;
+    if (en->check_storage >= 0) { /* the program updates the check flag: index it where it was built */
+      tp_storage *flag = flag_storage(p, device, &st);
+      if (!flag && !st) st = tp_error(TP_RESOURCE_EXHAUSTED, "out of host memory");
+      if (!st && storage_index(c, flag) != en->check_storage)
+        st = tp_error(TP_INTERNAL, "%s: index check flag at an unexpected position", op);
+      if (st) {
+        kb_free(&k);
+        return st;
+      }
+    }
   } else {
     g_stats.cache_misses++;
     st = build_entry(p, c, op, fn, args, nargs, out_types, outs, nouts, &en);
@@ -1158,6 +1391,22 @@ static tp_status *run_locked(tp_plugin *p, tp_lower_ctx *c, const char *op, cons
         if (ntmp < 256) tmp[ntmp++] = in[i];
         else st = tp_error(TP_RESOURCE_EXHAUSTED, "too many scalar arguments");
       }
+    } else if (ps->kind == SRC_CHECK) {
+      tp_arg base;
+      memset(&base, 0, sizeof base);
+      base.kind = TP_ARG_SCALAR;
+      base.sdt = TP_I64;
+      base.i = en->check_base;
+      int owned = 0;
+      if (nbusy >= 256) {
+        st = tp_error(TP_RESOURCE_EXHAUSTED, "too many scalar arguments");
+        break;
+      }
+      st = scalar_buffer(p, device, &base, TP_I64, busy, &nbusy, &in[i], &owned);
+      if (!st && owned) {
+        if (ntmp < 256) tmp[ntmp++] = in[i];
+        else st = tp_error(TP_RESOURCE_EXHAUSTED, "too many scalar arguments");
+      }
     } else {
       uint64_t key[2];
       tp_runtime_rng_advance(device, en->rng_count, &key[0], &key[1]);
@@ -1170,6 +1419,10 @@ static tp_status *run_locked(tp_plugin *p, tp_lower_ctx *c, const char *op, cons
   if (!st) {
     g_stats.executions++;
     for (int j = 0; j < en->nres; j++) tp_storage_set_buffer(c->st[en->res_storage[j]], ob[j]);
+    if (en->check_storage >= 0) {
+      g_flag_dirty[device] = 1;
+      if (launch_blocking()) st = check_flag(p, device, 1);
+    }
   }
 out:
   for (int i = 0; i < ntmp; i++) tp_buffer_free(tmp[i]);
@@ -1200,13 +1453,15 @@ tp_status *tp_eager_run(const char *op, const tp_eager_arg *args, int nargs, con
     g_ctx_busy = 1;
   }
   c->nst = 0;
-  c->nparams = 0; /* keeps its params array for reuse */
+  c->nparams = 0; /* keeps its params and checks arrays for reuse */
   c->rng_used = 0;
+  c->nchecks = 0;
   tp_status *st = run_locked(p, c, op, args, nargs, out_types, outs, nouts);
   if (c == &g_ctx) {
     g_ctx_busy = 0;
   } else {
     free(c->params);
+    free(c->checks);
     free(c);
   }
   tp_storage_unlock();
@@ -1291,8 +1546,19 @@ tp_status *tp_eager_read_host(const tp_tensor_ref *src, void *host) {
     if (!st) st = tp_eager_read_host(&dst, host);
     tp_storage_free(tmp);
   }
+  if (!st) st = check_flag(p, tp_storage_device(src->st), 0);
   tp_storage_unlock();
   return st;
 }
 
-tp_status *tp_eager_synchronize(int device) { return tp_storage_await_all(device); }
+tp_status *tp_eager_synchronize(int device) {
+  TP_RETURN_IF_ERROR(tp_storage_await_all(device));
+  tp_plugin *p = tp_runtime_plugin();
+  if (!p) return NULL;
+  tp_status *st = NULL;
+  tp_storage_lock();
+  for (int d = 0; d < g_nflag && !st; d++)
+    if (device < 0 || d == device) st = check_flag(p, d, 0);
+  tp_storage_unlock();
+  return st;
+}

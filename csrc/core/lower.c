@@ -4,6 +4,8 @@
  * k_fragments; a name may appear once.  Lookup is a binary search over a
  * sorted index built once (under pthread_once). */
 #include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -265,6 +267,17 @@ tp_type lw_out_as(const tp_node *n, int i, tp_dtype dt) {
   tp_type t = n->outs[i];
   t.dt = dt;
   return t;
+}
+
+void lw_check_range(tp_emit *e, const tp_node *n, tp_val idx, int64_t lo, int64_t hi, tp_code code,
+                    const char *fmt, ...) {
+  if (!n->check || em_failed(e) || idx < 0 || tp_type_numel(em_type(e, idx)) == 0) return;
+  char msg[512];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  n->check(e, n, idx, lo, hi, code, msg);
 }
 
 tp_val lw_full_like(tp_emit *e, tp_val like, double v) { return em_full(e, v, em_type(e, like)); }

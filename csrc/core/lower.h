@@ -53,6 +53,14 @@ typedef struct tp_node {
   tp_val (*scalar)(tp_emit *e, const struct tp_node *n, int i, tp_dtype dt);
   /* A fresh random key (tensor<2xui64>) for RNG ops, different every call. */
   tp_val (*rng_key)(tp_emit *e, const struct tp_node *n);
+  /* Declare that every element of the integer value `idx` must lie in
+   * [lo, hi) (PyTorch checks indices on the host; a program cannot raise).
+   * The engine records the first violation in a device-side flag and raises
+   * an error of `code` with `msg` at the next point that waits for the
+   * device; "{}" in msg stands for the offending value.  NULL: unchecked.
+   * Rules call it through lw_check_range. */
+  void (*check)(tp_emit *e, const struct tp_node *n, tp_val idx, int64_t lo, int64_t hi, tp_code code,
+                const char *msg);
 } tp_node;
 
 /* Emit the op; write one value per output into outs[0..nouts). */

@@ -15,11 +15,14 @@
  * linear element indices: an index outside its dimension turns into an
  * out-of-range linear index, which XLA's scatter drops.
  *
- * Out-of-range indices: PyTorch raises an IndexError on CPU.  A program
- * cannot check data, so here gathers CLAMP each index into its dimension
- * (XLA's gather semantics) and scatters DROP out-of-range updates; negative
- * indices wrap where PyTorch allows them (advanced indexing, index_put,
- * index_fill, take, put, select_scatter). */
+ * Out-of-range indices: PyTorch raises on the host before indexing; a
+ * program cannot look at data, so each rule declares the range its indices
+ * must lie in (lw_check_range) and the engine reports a violation at the
+ * next synchronisation (eager.c, "index checks").  The values computed
+ * meanwhile follow XLA: gathers clamp each index into its dimension and
+ * scatters drop out-of-range updates.  Negative indices wrap where PyTorch
+ * allows them (advanced indexing, index_put, index_fill, take, put,
+ * select_scatter); the _unsafe_ forms are not checked. */
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
@@ -507,6 +510,7 @@ static void r_index_select(tp_emit *e, const tp_node *n, tp_val *o) {
     dim = 0;
   }
   tp_val idx = to_i64(e, lw_value(e, n, 2));
+  lw_check_range(e, n, idx, 0, em_type(e, x)->dims[dim], TP_OUT_OF_RANGE, "index out of range in self");
   int64_t kd[2] = {tp_type_numel(em_type(e, idx)), 1};
   idx = em_reshape(e, idx, 2, kd);
   int dims[1] = {dim};
@@ -519,6 +523,8 @@ static void r_gather(tp_emit *e, const tp_node *n, tp_val *o) {
   int dim = lw_dim(lw_int(n, 1, 0), t.rank);
   tp_val idx = to_i64(e, lw_value(e, n, 2));
   tp_type it = *em_type(e, idx);
+  lw_check_range(e, n, idx, 0, t.rank ? t.dims[dim] : 1, TP_INVALID_ARGUMENT,
+                 "index {} is out of bounds for dimension %d with size %" PRId64, dim, t.rank ? t.dims[dim] : 1);
   if (t.rank == 0) { /* index must be 0 */
     o[0] = em_bcast_to(e, x, OUT0->rank, OUT0->dims);
     return;
@@ -541,7 +547,10 @@ static void r_gather(tp_emit *e, const tp_node *n, tp_val *o) {
 static void r_take(tp_emit *e, const tp_node *n, tp_val *o) {
   tp_val x = flatten(e, lw_value(e, n, 0));
   int64_t nel = em_type(e, x)->dims[0];
-  tp_val idx = wrap_neg(e, to_i64(e, lw_value(e, n, 1)), nel);
+  tp_val idx = to_i64(e, lw_value(e, n, 1));
+  lw_check_range(e, n, idx, -nel, nel, TP_OUT_OF_RANGE,
+                 "out of range: tried to access index {} on a tensor of %" PRId64 " elements.", nel);
+  idx = wrap_neg(e, idx, nel);
   if (nel == 0) {
     o[0] = em_fail(e, TP_OUT_OF_RANGE, "%s: out of range: tried to access index on an empty tensor", n->op);
     return;
@@ -558,6 +567,7 @@ static void r_embedding(tp_emit *e, const tp_node *n, tp_val *o) {
     return;
   }
   if (!rank_ok(e, n, it.rank + 1)) return;
+  lw_check_range(e, n, idx, 0, em_type(e, w)->dims[0], TP_OUT_OF_RANGE, "index out of range in self");
   it.dims[it.rank++] = 1;
   idx = em_reshape(e, idx, it.rank, it.dims);
   int dims[1] = {0};
@@ -626,6 +636,8 @@ static void scatter_dim(tp_emit *e, const tp_node *n, tp_val *o, red_kind red, i
                    n->op);
     return;
   }
+  lw_check_range(e, n, idx, 0, x1.dims[dim], TP_INVALID_ARGUMENT,
+                 "index {} is out of bounds for dimension %d with size %" PRId64, dim, x1.dims[dim]);
   tp_val upd;
   tp_type ut = it;
   ut.dt = t.dt;
@@ -704,6 +716,14 @@ static void index_dim(tp_emit *e, const tp_node *n, tp_val *o, red_kind red, int
     o[0] = em_fail(e, TP_INVALID_ARGUMENT, "%s: source has the wrong shape for index of %" PRId64 " elements", n->op, kk);
     return;
   }
+  if (red == RED_REPLACE)
+    lw_check_range(e, n, idx, 0, x1.dims[dim], TP_OUT_OF_RANGE,
+                   "index_copy_(): index {} is out of bounds for dimension %d with size %" PRId64, dim, x1.dims[dim]);
+  else if (red == RED_SUM)
+    lw_check_range(e, n, idx, 0, x1.dims[dim], TP_INVALID_ARGUMENT,
+                   "index {} is out of bounds for dimension %d with size %" PRId64, dim, x1.dims[dim]);
+  else
+    lw_check_range(e, n, idx, 0, x1.dims[dim], TP_OUT_OF_RANGE, "index out of range in self");
   tp_val upd = src;
   if (alpha_i >= 0 && t.dt == TP_BOOL) {
     upd = em_binary(e, "stablehlo.and", em_convert(e, src, TP_BOOL), lw_operand(e, n, alpha_i, &st)); /* bool * alpha */
@@ -750,6 +770,8 @@ static void r_index_fill(tp_emit *e, const tp_node *n, tp_val *o) {
     o[0] = x;
     return;
   }
+  lw_check_range(e, n, idx, -size, size, TP_OUT_OF_RANGE,
+                 "index {} is out of bounds for dimension %d with size %" PRId64, dim, size);
   idx = wrap_neg(e, idx, size);
   tp_type ht = tp_type_make(TP_BOOL, 1, &size), kt = tp_type_make(TP_BOOL, 1, &kk);
   tp_val hit = em_scatter_flat(e, em_full(e, 0, &ht), idx, em_full(e, 1, &kt), NULL);
@@ -849,8 +871,12 @@ static int index_plan(tp_emit *e, const tp_node *n, tp_val x, int ai, iplan *p, 
     }
   }
   for (int j = 0; j < p->m; j++) {
+    int64_t size = xt->dims[p->dims[j]];
+    if (strncmp(n->op, "aten::_unsafe_", 14)) /* the unsafe forms promise in-range indices */
+      lw_check_range(e, n, raw[j], -size, size, TP_OUT_OF_RANGE,
+                   "index {} is out of bounds for dimension %d with size %" PRId64, p->dims[j], size);
     tp_val v = em_bcast_to(e, to_i64(e, raw[j]), p->brank, p->b);
-    p->idx[j] = wrap_neg(e, v, xt->dims[p->dims[j]]);
+    p->idx[j] = wrap_neg(e, v, size);
   }
   int adjacent = p->dims[p->m - 1] - p->dims[0] == p->m - 1;
   p->batch_pos = adjacent ? p->dims[0] : 0;
@@ -948,6 +974,21 @@ static tp_val index_put_mask(tp_emit *e, const tp_node *n, tp_val x, const iplan
     for (int i = 0; i < xt.rank; i++) d1[i] = (i >= p && i < p + k) ? 1 : xt.dims[i];
     vx = em_bcast_to(e, em_reshape(e, v, xt.rank, d1), xt.rank, xt.dims);
   } else {
+    tp_val cnt = em_reduce(e, to_i64(e, flatten(e, mask)), em_const_i(e, 0, TP_I64), (const int64_t[]){0}, 1,
+                           "stablehlo.add");
+    char vs[256], rs[256]; /* the shapes as PyTorch prints them; {} is the count of trues */
+    size_t q = 0, w = 0;
+    for (int i = 0; i < em_type(e, values)->rank && q < sizeof vs; i++)
+      q += (size_t)snprintf(vs + q, sizeof vs - q, "%s%" PRId64, i ? ", " : "", em_type(e, values)->dims[i]);
+    vs[q < sizeof vs ? q : sizeof vs - 1] = 0;
+    for (int i = 0; i < rr && w < sizeof rs; i++) {
+      if (i == p) w += (size_t)snprintf(rs + w, sizeof rs - w, "%s{}", i ? ", " : "");
+      else w += (size_t)snprintf(rs + w, sizeof rs - w, "%s%" PRId64, i ? ", " : "", rd[i]);
+    }
+    rs[w < sizeof rs ? w : sizeof rs - 1] = 0;
+    lw_check_range(e, n, cnt, kv, kv + 1, TP_INVALID_ARGUMENT,
+                   "shape mismatch: value tensor of shape [%s] cannot be broadcast to indexing result of shape [%s]",
+                   vs, rs);
     tp_val pos = mask_positions(e, mask, kv);
     tp_type pt = *em_type(e, pos);
     if (!rank_ok(e, n, pt.rank + 1)) return -1;
@@ -1037,6 +1078,8 @@ static void r_put(tp_emit *e, const tp_node *n, tp_val *o) {
     return;
   }
   tp_val src = reshape_to(e, em_convert(e, lw_value(e, n, 2), xt.dt), &it);
+  lw_check_range(e, n, idx, -nel, nel, TP_OUT_OF_RANGE,
+                 "out of range: tried to access index {} on a tensor of %" PRId64 " elements.", nel);
   idx = wrap_neg(e, idx, nel);
   int check[1] = {1};
   tp_val lin = linearize(e, &idx, check, 1, &nel);
@@ -1402,6 +1445,8 @@ static void r_embedding_bag(tp_emit *e, const tp_node *n, tp_val *o) {
   }
   idx = to_i64(e, idx);
   off = to_i64(e, off);
+  lw_check_range(e, n, idx, 0, wt.dims[0], TP_INVALID_ARGUMENT,
+                 "An index of input takes value {} which is not in the valid range [0, %" PRId64 ")", wt.dims[0]);
   int fast = mode != BAG_MAX && pad < 0 && (dt == TP_F32 || dt == TP_F16 || dt == TP_BF16) &&
              (mode == BAG_MEAN || tp_type_numel(&n->outs[1]) == 0);
   /* each index's bag (-1 before offsets[0]; B when it takes no part) */

@@ -61,6 +61,18 @@ int lw_dim(int64_t d, int rank);
 /* Output type i of the node, with dtype replaced by dt. */
 tp_type lw_out_as(const tp_node *n, int i, tp_dtype dt);
 
+/* ---- index checks ------------------------------------------------------- */
+/* Every element of the integer value idx must lie in [lo, hi); otherwise the
+ * next synchronisation raises `code` (TP_OUT_OF_RANGE: IndexError) with the
+ * printf-formatted message, where "{}" stands for the offending index.  See
+ * tp_node.check. */
+void lw_check_range(tp_emit *e, const tp_node *n, tp_val idx, int64_t lo, int64_t hi, tp_code code,
+                    const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 7, 8)))
+#endif
+    ;
+
 /* ---- emission shortcuts ------------------------------------------------ */
 tp_val lw_full_like(tp_emit *e, tp_val like, double v);
 tp_val lw_bin(tp_emit *e, const char *op, tp_val a, tp_val b); /* broadcasts rank-0 b or a */

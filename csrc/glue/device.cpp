@@ -4,6 +4,7 @@
 // Neither needs the runtime to be open at load time: they ask it for the
 // device count on each use, and report "no devices" as a clear error.
 
+#include "eager.h"
 #include "glue.h"
 
 #include <c10/core/impl/DeviceGuardImplInterface.h>
@@ -45,7 +46,9 @@ void set_device(c10::DeviceIndex index) {
 
 [[noreturn]] void throw_status(tp_status* st, const char* what) {
   std::string msg = st ? tp_status_message(st) : "unknown error";
+  bool index = st && tp_status_code(st) == TP_OUT_OF_RANGE;
   tp_status_free(st);
+  TORCH_CHECK_INDEX(!index, c10::get_privateuse1_backend(), ": ", what, ": ", msg);
   TORCH_CHECK(false, c10::get_privateuse1_backend(), ": ", what, ": ", msg);
 }
 
@@ -147,7 +150,7 @@ struct TpGuardImpl final : c10::impl::DeviceGuardImplInterface {
     synchronizeDevice(s.device_index());
   }
   void synchronizeDevice(c10::DeviceIndex d) const override {
-    tp_status* st = tp_storage_await_all(d);
+    tp_status* st = tp_eager_synchronize(d);
     if (st) throw_status(st, "synchronize");
   }
 

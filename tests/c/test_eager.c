@@ -192,6 +192,52 @@ TEST(test_output_specs) {
   tp_storage_free(a);
 }
 
+/* Index checks: an out-of-range index is found by the program and reported
+ * at the next read (or synchronize) with PyTorch's message, once; in-range
+ * and later reads succeed. */
+TEST(test_index_check) {
+  tp_storage *a = iota_storage();
+  tp_storage *is = tp_storage_new(0, 2 * sizeof(int64_t));
+  tp_storage *out = tp_storage_new(0, 8 * sizeof(float));
+  int64_t sz[2] = {3, 4}, st[2] = {4, 1}, two = 2, one = 1, osz[2] = {2, 4};
+  tp_tensor_ref x = ref(a, 2, sz, st, 0), o = ref(out, 2, osz, st, 0);
+  tp_tensor_ref ix = ref(is, 1, &two, &one, 0);
+  ix.dt = TP_I64;
+  tp_eager_arg args[3] = {tensor_arg(&x), {.a = {.kind = TP_ARG_INT, .i = 0}}, tensor_arg(&ix)};
+  float got[12];
+  int64_t good[2] = {2, 0}, bad[2] = {1, 7};
+  CHECK_OK(tp_eager_write_host(&ix, good));
+  CHECK_OK(tp_eager_run("aten::index_select", args, 3, NULL, &o, 1));
+  CHECK_OK(tp_eager_read_host(&o, got));
+  CHECK(got[0] == 8 && got[4] == 0);
+  CHECK_OK(tp_eager_write_host(&ix, bad));
+  CHECK_OK(tp_eager_run("aten::index_select", args, 3, NULL, &o, 1)); /* asynchronous: no error yet */
+  tp_status *s = tp_eager_read_host(&x, got); /* any read on the device reports it */
+  CHECK(s && tp_status_code(s) == TP_OUT_OF_RANGE);
+  if (s) {
+    CHECK_CONTAINS(tp_status_message(s), "index out of range in self");
+    CHECK_CONTAINS(tp_status_message(s), "aten::index_select");
+  }
+  tp_status_free(s);
+  CHECK_OK(tp_eager_read_host(&o, got)); /* reported once */
+  /* gather reports the first offending value; synchronize reports too */
+  int64_t gsz[2] = {1, 2}, gst[2] = {2, 1};
+  tp_tensor_ref gi = ref(is, 2, gsz, gst, 0), go = ref(out, 2, gsz, gst, 0);
+  gi.dt = TP_I64;
+  int64_t gbad[2] = {-1, 9};
+  CHECK_OK(tp_eager_write_host(&gi, gbad));
+  tp_eager_arg gargs[3] = {tensor_arg(&x), {.a = {.kind = TP_ARG_INT, .i = 0}}, tensor_arg(&gi)};
+  CHECK_OK(tp_eager_run("aten::gather", gargs, 3, NULL, &go, 1));
+  s = tp_eager_synchronize(-1);
+  CHECK(s != NULL);
+  if (s) CHECK_CONTAINS(tp_status_message(s), "index -1 is out of bounds for dimension 0 with size 3");
+  tp_status_free(s);
+  CHECK_OK(tp_eager_synchronize(-1));
+  tp_storage_free(a);
+  tp_storage_free(is);
+  tp_storage_free(out);
+}
+
 int main(void) {
   tp_runtime_config cfg = {getenv("TP_TEST_PLUGIN"), 2};
   tp_status *st = tp_runtime_init(&cfg);
@@ -204,6 +250,7 @@ int main(void) {
   RUN(test_uninitialised_storage_reads_zero);
   RUN(test_errors);
   RUN(test_output_specs);
+  RUN(test_index_check);
   tp_eager_clear_cache();
   return ctest_finish();
 }

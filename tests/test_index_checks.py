@@ -1,0 +1,162 @@
+"""Out-of-range indices raise PyTorch's error instead of giving clamped values.
+
+A program cannot raise, so indexing programs record a violation in a device
+flag and the next read or synchronize raises it (eager.c, "index checks").
+Each case is compared with the error PyTorch's CPU kernel raises."""
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+X = torch.arange(15, dtype=torch.float32).reshape(5, 3)
+I = torch.tensor([1, 7])
+G = torch.tensor([[7, 0, 0]])
+
+# name -> (fn(x, T) where T moves CPU tensors to the device, the exception
+# type, the message the CPU kernel gives; None: ours differs, see `ours`)
+CASES = {
+    "embedding": (lambda x, T: F.embedding(T(I), x), IndexError, "index out of range in self"),
+    "index_select": (lambda x, T: x.index_select(0, T(I)), IndexError, "index out of range in self"),
+    "index_select_neg": (lambda x, T: x.index_select(0, T(torch.tensor([-1]))), IndexError,
+                         "index out of range in self"),
+    "gather": (lambda x, T: x.gather(0, T(G)), RuntimeError, "index 7 is out of bounds for dimension 0 with size 5"),
+    "gather_neg": (lambda x, T: x.gather(1, T(torch.tensor([[0], [-1]]))), RuntimeError,
+                   "index -1 is out of bounds for dimension 1 with size 3"),
+    "getitem": (lambda x, T: x[T(I)], IndexError, "index 7 is out of bounds for dimension 0 with size 5"),
+    "getitem_neg": (lambda x, T: x[T(torch.tensor([0, -6]))], IndexError,
+                    "index -6 is out of bounds for dimension 0 with size 5"),
+    "getitem_2d": (lambda x, T: x[T(torch.tensor([0])), T(torch.tensor([3]))], IndexError,
+                   "index 3 is out of bounds for dimension 1 with size 3"),
+    "index_put": (lambda x, T: x.clone().index_put_((T(I),), T(torch.ones(2, 3))), IndexError,
+                  "index 7 is out of bounds for dimension 0 with size 5"),
+    "setitem": (lambda x, T: x.clone().__setitem__(T(I), 1.0), IndexError,
+                "index 7 is out of bounds for dimension 0 with size 5"),
+    "scatter": (lambda x, T: x.clone().scatter_(0, T(G), 1.0), RuntimeError,
+                "index 7 is out of bounds for dimension 0 with size 5"),
+    "scatter_add": (lambda x, T: x.clone().scatter_add_(0, T(G), T(torch.ones(1, 3))), RuntimeError,
+                    "index 7 is out of bounds for dimension 0 with size 5"),
+    "scatter_reduce": (lambda x, T: x.clone().scatter_reduce_(0, T(G), T(torch.ones(1, 3)), "amax"), RuntimeError,
+                       "index 7 is out of bounds for dimension 0 with size 5"),
+    "index_add": (lambda x, T: x.clone().index_add_(0, T(I), T(torch.ones(2, 3))), RuntimeError,
+                  "index 7 is out of bounds for dimension 0 with size 5"),
+    "index_copy": (lambda x, T: x.clone().index_copy_(0, T(I), T(torch.ones(2, 3))), IndexError,
+                   "index_copy_(): index 7 is out of bounds for dimension 0 with size 5"),
+    "index_fill": (lambda x, T: x.clone().index_fill_(0, T(I), 1.0), IndexError,
+                   "index 7 is out of bounds for dimension 0 with size 5"),
+    "take": (lambda x, T: x.take(T(torch.tensor([20]))), IndexError,
+             "out of range: tried to access index 20 on a tensor of 15 elements."),
+    "put": (lambda x, T: x.clone().put_(T(torch.tensor([-16])), T(torch.tensor([1.0]))), IndexError,
+            "out of range: tried to access index -16 on a tensor of 15 elements."),
+    "nll_loss": (lambda x, T: F.nll_loss(x, T(torch.tensor([0, 1, 2, 3, 9]))), IndexError,
+                 "Target 3 is out of bounds."),
+    "cross_entropy": (lambda x, T: F.cross_entropy(x, T(torch.tensor([0, -3, 2, 1, 0]))), IndexError,
+                      "Target -3 is out of bounds."),
+    "nll_loss2d": (lambda x, T: F.nll_loss(x.reshape(1, 3, 5, 1), T(torch.tensor([[[0], [1], [2], [5], [0]]]))),
+                   IndexError, "Target 5 is out of bounds."),
+    "masked_setitem_count": (lambda x, T: x.clone().__setitem__(T(torch.tensor([True, False, True, False, False])),
+                                                                  T(torch.ones(3, 3))),
+                             RuntimeError, "shape mismatch: value tensor of shape [3, 3] cannot be broadcast to "
+                                           "indexing result of shape [2, 3]"),
+    # ours name the value but not its position, and come from the ops these decompose into
+    "embedding_bag": (lambda x, T: F.embedding_bag(T(I), x, T(torch.tensor([0]))), RuntimeError, None),
+    "one_hot": (lambda x, T: F.one_hot(T(torch.tensor([5])), 3), RuntimeError, None),
+}
+
+
+def _tpu(t):
+    return t.to("tpu")
+
+
+def _cpu_error(fn):
+    with pytest.raises(Exception) as ei:
+        fn(X.clone(), lambda t: t)
+    return ei.value
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_out_of_range_raises_at_the_next_read(name):
+    fn, exc, msg = CASES[name]
+    cpu = _cpu_error(fn)
+    assert isinstance(cpu, exc), (name, cpu)
+    x = X.to("tpu")
+    r = fn(x, _tpu)  # asynchronous: the op itself returns
+    with pytest.raises(exc) as ei:
+        (r if isinstance(r, torch.Tensor) else x).cpu()
+    text = str(ei.value)
+    if msg is not None:
+        assert msg in text, text
+        assert msg in str(cpu)
+    assert "TORCH_PJRT_LAUNCH_BLOCKING=1" in text and "ran asynchronously" in text, text
+    # reported once: the device keeps working
+    assert torch.equal(x.cpu(), X)
+    torch.tpu.synchronize()
+
+
+def test_in_range_and_ignored_indices_do_not_raise():
+    x = X.to("tpu")
+    t = torch.tensor([0, -100, 2, 1, -100])
+    expected = F.nll_loss(X, t)
+    got = F.nll_loss(x, t.to("tpu"))
+    torch.testing.assert_close(got.cpu(), expected)
+    idx = torch.tensor([-5, 4, -1])
+    torch.testing.assert_close(x[idx.to("tpu")].cpu(), X[idx])
+    torch.testing.assert_close(x.take(torch.tensor([-15, 14]).to("tpu")).cpu(), X.take(torch.tensor([-15, 14])))
+    torch.tpu.synchronize()
+
+
+def test_synchronize_raises():
+    x = X.to("tpu")
+    x.index_select(0, I.to("tpu"))
+    with pytest.raises(IndexError, match="index out of range in self"):
+        torch.tpu.synchronize()
+    torch.tpu.synchronize()
+
+
+def test_compiled_graph_checks_indices():
+    f = torch.compile(lambda w, i: F.embedding(i, w).sum(), backend="tpu")
+    w = X.to("tpu")
+    assert f(w, torch.tensor([0, 4]).to("tpu")).item() == X[[0, 4]].sum().item()
+    r = f(w, torch.tensor([0, 5]).to("tpu"))
+    with pytest.raises(IndexError, match="index out of range in self"):
+        r.item()
+
+
+SCRIPT = r"""
+import os, torch, torch_pjrt
+x = torch.arange(15.0).reshape(5, 3).to("tpu")
+if os.environ.get("SHIFT") == "1":  # other messages first: the ids of this process differ
+    for n in (2, 3, 4, 6):
+        torch.zeros(n, device="tpu").index_select(0, torch.tensor([0], device="tpu"))
+y = x.gather(0, torch.tensor([[7, 0, 0]], device="tpu"))
+print("op returned", flush=True)
+try:
+    y.cpu()
+except RuntimeError as e:
+    print("ERR", e)
+"""
+
+
+def _run(env_extra, cache_dir):
+    env = dict(os.environ, TORCH_PJRT_CACHE_DIR=str(cache_dir), TF_CPP_MIN_LOG_LEVEL="2", **env_extra)
+    r = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, cwd=ROOT,
+                       timeout=300)
+    return r
+
+
+def test_launch_blocking_raises_at_the_op(tmp_path):
+    r = _run({"TORCH_PJRT_LAUNCH_BLOCKING": "1"}, tmp_path)
+    assert r.returncode != 0 and "op returned" not in r.stdout, r.stdout
+    assert "index 7 is out of bounds for dimension 0 with size 5" in r.stderr, r.stderr[-2000:]
+
+
+def test_programs_from_the_disk_cache_report_this_process_messages(tmp_path):
+    first = _run({}, tmp_path)
+    assert "ERR index 7 is out of bounds for dimension 0 with size 5" in first.stdout, first.stderr[-2000:]
+    second = _run({"SHIFT": "1"}, tmp_path)
+    assert "ERR index 7 is out of bounds for dimension 0 with size 5" in second.stdout, second.stderr[-2000:]
+    assert "aten::gather" in second.stdout

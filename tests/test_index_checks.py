@@ -6,6 +6,7 @@ Each case is compared with the error PyTorch's CPU kernel raises."""
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -16,6 +17,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 X = torch.arange(15, dtype=torch.float32).reshape(5, 3)
 I = torch.tensor([1, 7])
 G = torch.tensor([[7, 0, 0]])
+
+def _setitem(x, i, v):
+    x[i] = v
+    return x
+
 
 # name -> (fn(x, T) where T moves CPU tensors to the device, the exception
 # type, the message the CPU kernel gives; None: ours differs, see `ours`)
@@ -34,7 +40,7 @@ CASES = {
                    "index 3 is out of bounds for dimension 1 with size 3"),
     "index_put": (lambda x, T: x.clone().index_put_((T(I),), T(torch.ones(2, 3))), IndexError,
                   "index 7 is out of bounds for dimension 0 with size 5"),
-    "setitem": (lambda x, T: x.clone().__setitem__(T(I), 1.0), IndexError,
+    "setitem": (lambda x, T: _setitem(x.clone(), T(I), 1.0), IndexError,
                 "index 7 is out of bounds for dimension 0 with size 5"),
     "scatter": (lambda x, T: x.clone().scatter_(0, T(G), 1.0), RuntimeError,
                 "index 7 is out of bounds for dimension 0 with size 5"),
@@ -58,8 +64,8 @@ CASES = {
                       "Target -3 is out of bounds."),
     "nll_loss2d": (lambda x, T: F.nll_loss(x.reshape(1, 3, 5, 1), T(torch.tensor([[[0], [1], [2], [5], [0]]]))),
                    IndexError, "Target 5 is out of bounds."),
-    "masked_setitem_count": (lambda x, T: x.clone().__setitem__(T(torch.tensor([True, False, True, False, False])),
-                                                                  T(torch.ones(3, 3))),
+    "masked_setitem_count": (lambda x, T: _setitem(x.clone(), T(torch.tensor([True, False, True, False, False])),
+                                                   T(torch.ones(3, 3))),
                              RuntimeError, "shape mismatch: value tensor of shape [3, 3] cannot be broadcast to "
                                            "indexing result of shape [2, 3]"),
     # ours name the value but not its position, and come from the ops these decompose into
@@ -86,7 +92,7 @@ def test_out_of_range_raises_at_the_next_read(name):
     x = X.to("tpu")
     r = fn(x, _tpu)  # asynchronous: the op itself returns
     with pytest.raises(exc) as ei:
-        (r if isinstance(r, torch.Tensor) else x).cpu()
+        r.cpu()
     text = str(ei.value)
     if msg is not None:
         assert msg in text, text
@@ -115,6 +121,19 @@ def test_synchronize_raises():
     with pytest.raises(IndexError, match="index out of range in self"):
         torch.tpu.synchronize()
     torch.tpu.synchronize()
+
+
+def test_a_read_raises_once_the_check_is_done():
+    """A read of another tensor raises too once the checking program has run
+    (a read never waits for it: that would cost the host its lead)."""
+    x = X.to("tpu")
+    y = x * 2
+    x.index_select(0, I.to("tpu"))
+    deadline = time.time() + 30
+    with pytest.raises(IndexError, match="index out of range in self"):
+        while time.time() < deadline:
+            y.cpu()
+            time.sleep(0.01)
 
 
 def test_compiled_graph_checks_indices():

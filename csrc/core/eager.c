@@ -461,10 +461,11 @@ static tp_val cb_rng_key(tp_emit *e, const tp_node *n) {
  * raise.  A rule declares the range its indices must lie in (tp_node.check);
  * the program then also updates the device's check flag, a storage holding
  * two i64 values: the id of the first check that failed since the flag was
- * last read (0: none) and the offending index.  Reading a tensor or
- * synchronizing reads the flag when a checking program ran since the last
- * look, and raises the check's error there (like CUDA's device-side asserts,
- * but recoverable: the flag is cleared).  TORCH_PJRT_LAUNCH_BLOCKING=1 reads
+ * last read (0: none) and the offending index.  When a checking program ran
+ * since the last look, synchronizing reads the flag, and so does reading a
+ * tensor once the flag is computed (a read never waits for more than its
+ * tensor); the check's error is raised there, like CUDA's device-side
+ * asserts but recoverable: the flag is cleared.  TORCH_PJRT_LAUNCH_BLOCKING=1 reads
  * it after every checking op instead, so the error names the op where it
  * happened.
  *
@@ -514,14 +515,13 @@ static void cb_check(tp_emit *e, const tp_node *n, tp_val idx, int64_t lo, int64
   v = em_reshape(e, v, 1, &nel);
   tp_type t = tp_type_make(TP_I64, 1, &nel);
   tp_val bad = em_binary(e, "stablehlo.or", em_compare(e, "LT", v, em_bcast_to(e, em_const_i(e, lo, TP_I64), 1, &nel)),
-                  em_compare(e, "GE", v, em_bcast_to(e, em_const_i(e, hi, TP_I64), 1, &nel)));
-  tp_val pos = em_iota(e, &t, 0);
-  tp_val first = em_reduce(e, em_select(e, bad, pos, em_full(e, (double)nel, &t)), em_const_i(e, nel, TP_I64), &zero,
-                           1, "stablehlo.minimum");
-  tp_val at = em_compare(e, "EQ", pos, em_bcast_to(e, first, 1, &nel));
-  tp_val value = em_reduce(e, em_select(e, at, v, em_bcast_to(e, em_const_i(e, INT64_MIN, TP_I64), 1, &nel)),
-                           em_const_i(e, INT64_MIN, TP_I64), &zero, 1, "stablehlo.maximum");
+                         em_compare(e, "GE", v, em_bcast_to(e, em_const_i(e, hi, TP_I64), 1, &nel)));
+  tp_val first = em_reduce(e, em_select(e, bad, em_iota(e, &t, 0), em_full(e, (double)nel, &t)),
+                           em_const_i(e, nel, TP_I64), &zero, 1, "stablehlo.minimum");
   bad = em_compare(e, "LT", first, em_const_i(e, nel, TP_I64));
+  tp_val at = em_binary(e, "stablehlo.minimum", first, em_const_i(e, nel - 1, TP_I64));
+  int64_t one = 1;
+  tp_val value = em_reshape(e, em_dyn_slice(e, v, &at, &one), 0, NULL);
   pending_check *pc = &c->checks[c->nchecks++];
   pc->bad = bad;
   pc->value = value;
@@ -627,11 +627,18 @@ static tp_status *emit_flag_update(tp_plugin *p, tp_emit *e, tp_lower_ctx *c, co
   return NULL;
 }
 
+/* How check_flag looks at the flag. */
+typedef enum {
+  FLAG_IF_READY, /* a read: only if the checking programs are done (a read never waits longer for them) */
+  FLAG_WAIT,     /* synchronize: wait for them */
+  FLAG_AT_OP,    /* TORCH_PJRT_LAUNCH_BLOCKING, right after the op: wait, and leave the op out of the message */
+} flag_mode;
+
 /* Read device's check flag if a checking program ran since the last look;
- * the error of a failed check (and the flag cleared), else NULL.  `at_op`:
- * called right after the op that ran the check. */
-static tp_status *check_flag(tp_plugin *p, int device, int at_op) {
+ * the error of a failed check (and the flag cleared), else NULL. */
+static tp_status *check_flag(tp_plugin *p, int device, flag_mode mode) {
   if (device < 0 || device >= g_nflag || !g_flag_dirty[device]) return NULL;
+  if (mode == FLAG_IF_READY && !tp_buffer_is_ready(tp_storage_buffer(g_flag[device]))) return NULL;
   int64_t v[2] = {0, 0};
   TP_RETURN_IF_ERROR(tp_buffer_to_host(tp_storage_buffer(g_flag[device]), v, sizeof v));
   g_flag_dirty[device] = 0;
@@ -657,7 +664,7 @@ static tp_status *check_flag(tp_plugin *p, int device, int at_op) {
     }
   }
   text[q] = 0;
-  if (at_op) return tp_error(m->code, "%s", text);
+  if (mode == FLAG_AT_OP) return tp_error(m->code, "%s", text);
   return tp_error(m->code,
                   "%s (found on tpu:%d by %s, which ran asynchronously before this point; set "
                   "TORCH_PJRT_LAUNCH_BLOCKING=1 to raise it at that op)",
@@ -1421,7 +1428,7 @@ static tp_status *run_locked(tp_plugin *p, tp_lower_ctx *c, const char *op, cons
     for (int j = 0; j < en->nres; j++) tp_storage_set_buffer(c->st[en->res_storage[j]], ob[j]);
     if (en->check_storage >= 0) {
       g_flag_dirty[device] = 1;
-      if (launch_blocking()) st = check_flag(p, device, 1);
+      if (launch_blocking()) st = check_flag(p, device, FLAG_AT_OP);
     }
   }
 out:
@@ -1546,7 +1553,7 @@ tp_status *tp_eager_read_host(const tp_tensor_ref *src, void *host) {
     if (!st) st = tp_eager_read_host(&dst, host);
     tp_storage_free(tmp);
   }
-  if (!st) st = check_flag(p, tp_storage_device(src->st), 0);
+  if (!st) st = check_flag(p, tp_storage_device(src->st), FLAG_IF_READY);
   tp_storage_unlock();
   return st;
 }
@@ -1558,7 +1565,7 @@ tp_status *tp_eager_synchronize(int device) {
   tp_status *st = NULL;
   tp_storage_lock();
   for (int d = 0; d < g_nflag && !st; d++)
-    if (device < 0 || d == device) st = check_flag(p, d, 0);
+    if (device < 0 || d == device) st = check_flag(p, d, FLAG_WAIT);
   tp_storage_unlock();
   return st;
 }

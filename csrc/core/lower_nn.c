@@ -499,8 +499,9 @@ static int nll_prepare(tp_emit *e, const tp_node *n, int xi, int ti, int wi, int
   p->onehot = em_compare(e, "EQ", em_iota(e, &it, p->cdim), bcast(e, tg, &it, map));
   tp_type tgt = *em_type(e, tg);
   p->valid = em_compare(e, "NE", tg, bcast(e, em_const_i(e, lw_int(n, ii, -100), TP_I64), &tgt, NULL));
-  lw_check_range(e, n, em_select(e, p->valid, tg, em_full(e, 0, &tgt)), 0, p->xt.dims[p->cdim], TP_OUT_OF_RANGE,
-                 "Target {} is out of bounds.");
+  if (ti == 1) /* the forward (nll_loss_backward's target comes later, and was checked by the forward) */
+    lw_check_range(e, n, em_select(e, p->valid, tg, em_full(e, 0, &tgt)), 0, p->xt.dims[p->cdim], TP_OUT_OF_RANGE,
+                   "Target {} is out of bounds.");
   tp_type wt_t = *em_type(e, tg);
   wt_t.dt = p->xt.dt;
   tp_val ones = em_full(e, 1, &wt_t), zeros = em_full(e, 0, &wt_t);

@@ -851,6 +851,35 @@ tp_status *tp_buffer_await(tp_buffer *b) {
   return await_event(p->api, a.event, "waiting for a buffer");
 }
 
+int tp_buffer_is_ready(tp_buffer *b) {
+  if (!b) return 1;
+  tp_status *st = check_process(b->p);
+  if (st) {
+    tp_status_free(st);
+    return 1;
+  }
+  const PJRT_Api *api = b->p->api;
+  if (!api->PJRT_Buffer_ReadyEvent || !api->PJRT_Event_IsReady) return 1;
+  PJRT_Buffer_ReadyEvent_Args a;
+  memset(&a, 0, sizeof a);
+  a.struct_size = PJRT_Buffer_ReadyEvent_Args_STRUCT_SIZE;
+  a.buffer = b->buf;
+  PJRT_Error *err = api->PJRT_Buffer_ReadyEvent(&a);
+  if (err) {
+    tp_status_free(from_pjrt(api, err, "PJRT_Buffer_ReadyEvent"));
+    return 1;
+  }
+  PJRT_Event_IsReady_Args r;
+  memset(&r, 0, sizeof r);
+  r.struct_size = PJRT_Event_IsReady_Args_STRUCT_SIZE;
+  r.event = a.event;
+  err = api->PJRT_Event_IsReady(&r);
+  int ready = err ? 1 : r.is_ready;
+  if (err) tp_status_free(from_pjrt(api, err, "PJRT_Event_IsReady"));
+  destroy_event(api, a.event);
+  return ready;
+}
+
 /* ---- freeing buffers ------------------------------------------------------
  * PJRT_Buffer_Destroy blocks until every program that reads the buffer has
  * finished.  Dropping a tensor must not make the host wait for the device

@@ -78,6 +78,9 @@ tp_status *tp_buffer_to_host(tp_buffer *b, void *dst, size_t nbytes);
 tp_status *tp_buffer_copy_to_device(tp_buffer *b, int device, tp_buffer **out);
 /* Block until the buffer's value has been computed (or failed). */
 tp_status *tp_buffer_await(tp_buffer *b);
+/* 1 if the buffer's value is computed (or its computation failed, or the
+ * plugin cannot tell), 0 while it is pending.  Never blocks. */
+int tp_buffer_is_ready(tp_buffer *b);
 void tp_buffer_free(tp_buffer *b); /* NULL is a no-op */
 
 tp_dtype tp_buffer_dtype(const tp_buffer *b);

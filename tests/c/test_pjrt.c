@@ -216,6 +216,7 @@ static void round_trip(tp_dtype dt, const void *data, const int64_t *dims,
   CHECK_OK(tp_buffer_to_host(b, back, nbytes));
   CHECK(memcmp(back, data, nbytes) == 0);
   CHECK_OK(tp_buffer_await(b));
+  CHECK(tp_buffer_is_ready(b));
   tp_buffer_free(b);
 }
 

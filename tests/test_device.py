@@ -302,6 +302,8 @@ def test_broken_plugin_is_a_clear_error(tmp_path):
 
 
 def test_memory_stats():
+    del_me = torch.ones(1024, 256, device="tpu")  # the fill value's uploaded scalar stays cached
+    del del_me
     torch.tpu.synchronize()
     before = torch.tpu.memory_allocated()
     t = torch.ones(1024, 256, device="tpu")

@@ -179,3 +179,11 @@ def test_programs_from_the_disk_cache_report_this_process_messages(tmp_path):
     second = _run({"SHIFT": "1"}, tmp_path)
     assert "ERR index 7 is out of bounds for dimension 0 with size 5" in second.stdout, second.stderr[-2000:]
     assert "aten::gather" in second.stdout
+
+
+def test_each_device_has_its_own_flag():
+    x1 = X.to("tpu:1")
+    r = x1.index_select(0, I.to("tpu:1"))
+    torch.tpu.synchronize(0)  # device 0 has nothing to report
+    with pytest.raises(IndexError, match="found on tpu:1 by aten::index_select"):
+        r.cpu()

@@ -1,4 +1,5 @@
-"""Out-of-range indices raise PyTorch's error instead of giving clamped values.
+"""Out-of-range indices (and integer division by zero) raise PyTorch's CPU
+error instead of giving clamped values.
 
 A program cannot raise, so indexing programs record a violation in a device
 flag and the next read or synchronize raises it (eager.c, "index checks").
@@ -68,6 +69,16 @@ CASES = {
                                                    T(torch.ones(3, 3))),
                              RuntimeError, "shape mismatch: value tensor of shape [3, 3] cannot be broadcast to "
                                            "indexing result of shape [2, 3]"),
+    # integer division by zero (the CPU raises; XLA would give -1 or the dividend)
+    "floor_divide_zero": (lambda x, T: T(torch.tensor([5, -7])) // T(torch.tensor([2, 0])), RuntimeError,
+                          "ZeroDivisionError"),
+    "floor_divide_zero_scalar": (lambda x, T: T(torch.tensor([5, -7])) // 0, RuntimeError, "ZeroDivisionError"),
+    "remainder_zero": (lambda x, T: T(torch.tensor([5, -7])) % T(torch.tensor([0, 3])), RuntimeError,
+                       "ZeroDivisionError"),
+    "fmod_zero": (lambda x, T: torch.fmod(T(torch.tensor([5, -7], dtype=torch.int32)), 0), RuntimeError,
+                  "ZeroDivisionError"),
+    "div_trunc_zero": (lambda x, T: torch.div(T(torch.tensor([5])), T(torch.tensor([0])), rounding_mode="trunc"),
+                       RuntimeError, "ZeroDivisionError"),
     # ours name the value but not its position, and come from the ops these decompose into
     "embedding_bag": (lambda x, T: F.embedding_bag(T(I), x, T(torch.tensor([0]))), RuntimeError, None),
     "one_hot": (lambda x, T: F.one_hot(T(torch.tensor([5])), 3), RuntimeError, None),

@@ -7,9 +7,6 @@ in-place and out= forms, zero-size tensors and gradients.
 
 Known differences from PyTorch's CPU results, by design or outside this
 file's control (each has a test below that pins the tpu behaviour):
-- Integer division / remainder by zero raises ZeroDivisionError on the CPU;
-  the device cannot check data without a host round trip, so tpu returns
-  XLA's values (x / 0 = -1 with truncation, fmod(x, 0) = x).
 - gelu(+inf): PyTorch's vectorised CPU kernel gives NaN (its erf
   approximation), its scalar path inf; tpu gives inf.
 - XLA:CPU flushes subnormal floats to zero (log2(2**-140) = -inf).
@@ -340,15 +337,16 @@ def test_integer_division_semantics():
     check(lambda x, y: torch.div(x, y, rounding_mode="floor"), fa, fb)
 
 
-def test_integer_division_by_zero_documented():
-    # PyTorch's CPU raises ZeroDivisionError; tpu returns XLA's values (see the module docstring).
+def test_integer_division_by_zero_raises():
+    # PyTorch's CPU raises ZeroDivisionError; tpu finds it in the program and
+    # raises it at the read (tests/test_index_checks.py has every op).
     a = torch.tensor([5, -5, 0, 7])
     with pytest.raises(RuntimeError, match="ZeroDivisionError"):
         torch.div(a, torch.zeros_like(a), rounding_mode="trunc")
     z = torch.zeros(4, dtype=torch.int64, device=D)
-    assert torch.div(a.to(D), z, rounding_mode="trunc").cpu().tolist() == [-1, -1, -1, -1]
-    assert torch.fmod(a.to(D), z).cpu().tolist() == [5, -5, 0, 7]
-    assert torch.floor_divide(a.to(D), z).cpu().shape == (4,)
+    with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+        torch.div(a.to(D), z, rounding_mode="trunc").cpu()
+    assert torch.div(a.to(D), z + 2, rounding_mode="trunc").cpu().tolist() == [2, -2, 0, 3]
 
 
 def test_float_division_by_zero():

@@ -122,9 +122,21 @@ static void r_atan2(tp_emit *e, const tp_node *n, tp_val *o) {
   tp_type ct = common_type(e, n, 2, 1);
   o[0] = finish(e, n, em_binary(e, "stablehlo.atan2", opnd(e, n, 0, &ct), opnd(e, n, 1, &ct)));
 }
-/* fmod: C's fmod (truncated remainder) for floats and ints alike.  Integer
- * division by zero raises in PyTorch; XLA returns the dividend. */
-static void r_fmod(tp_emit *e, const tp_node *n, tp_val *o) { arith(e, n, o, "stablehlo.remainder", -1, 0); }
+/* Integer division by zero raises ZeroDivisionError on PyTorch's CPU (XLA
+ * gives -1 or the dividend): an integer divisor must not be 0, checked like
+ * an index (the error comes at a later read; see tp_node.check). */
+static void check_divisor(tp_emit *e, const tp_node *n, tp_val b) {
+  if (isf(em_type(e, b)->dt) || isc(em_type(e, b)->dt)) return;
+  tp_val nz = em_convert(e, em_compare(e, "NE", b, k(e, b, 0)), TP_I64);
+  lw_check_range(e, n, nz, 1, 2, TP_INVALID_ARGUMENT, "ZeroDivisionError");
+}
+
+/* fmod: C's fmod (truncated remainder) for floats and ints alike. */
+static void r_fmod(tp_emit *e, const tp_node *n, tp_val *o) {
+  tp_type ct = common_type(e, n, 2, 0);
+  check_divisor(e, n, opnd(e, n, 1, &ct));
+  arith(e, n, o, "stablehlo.remainder", -1, 0);
+}
 static void bitwise(tp_emit *e, const tp_node *n, tp_val *o, const char *op, const char *name) {
   tp_type ct = common_type(e, n, 2, 0);
   if (isf(ct.dt) || isc(ct.dt)) {
@@ -192,7 +204,7 @@ static void r_pow(tp_emit *e, const tp_node *n, tp_val *o) {
 static tp_val rnd(tp_emit *e, tp_val x, tp_dtype lowp) { return em_round_to(e, x, lowp); }
 
 /* Python-style floor division of a by b, rounding each step to `lowp` (see
- * rnd). Integer division by zero raises in PyTorch; XLA gives -1. */
+ * rnd). */
 static tp_val floor_div(tp_emit *e, tp_val a, tp_val b, tp_dtype lowp) {
   tp_dtype dt = em_type(e, a)->dt;
   tp_val zero = k(e, a, 0);
@@ -228,6 +240,7 @@ static void r_div(tp_emit *e, const tp_node *n, tp_val *o) {
   tp_type ct = common_type(e, n, 2, 0);
   tp_dtype lowp = lw_result_type(e, n, (const int[]){0, 1}, 2);
   tp_val a = opnd(e, n, 0, &ct), b = opnd(e, n, 1, &ct);
+  check_divisor(e, n, b);
   if (!strcmp(mode, "trunc")) {
     tp_val q = rnd(e, dv(e, a, b), lowp);
     if (isf(ct.dt)) {
@@ -246,13 +259,16 @@ static void r_div(tp_emit *e, const tp_node *n, tp_val *o) {
 static void r_floor_divide(tp_emit *e, const tp_node *n, tp_val *o) {
   tp_type ct = common_type(e, n, 2, 0);
   tp_dtype lowp = lw_result_type(e, n, (const int[]){0, 1}, 2);
-  o[0] = finish(e, n, floor_div(e, opnd(e, n, 0, &ct), opnd(e, n, 1, &ct), lowp));
+  tp_val b = opnd(e, n, 1, &ct);
+  check_divisor(e, n, b);
+  o[0] = finish(e, n, floor_div(e, opnd(e, n, 0, &ct), b, lowp));
 }
 
 /* Python's modulo: the result takes the divisor's sign. */
 static void r_remainder(tp_emit *e, const tp_node *n, tp_val *o) {
   tp_type ct = common_type(e, n, 2, 0);
   tp_val a = opnd(e, n, 0, &ct), b = opnd(e, n, 1, &ct);
+  check_divisor(e, n, b);
   tp_val m = em_binary(e, "stablehlo.remainder", a, b), zero = k(e, a, 0);
   tp_val fix = em_binary(e, "stablehlo.and", em_compare(e, "NE", m, zero),
                          em_compare(e, "NE", em_compare(e, "LT", m, zero), em_compare(e, "LT", b, zero)));

@@ -207,12 +207,15 @@ def test_invalid_device_raises(tpu):
     assert torch.empty(1, device="tpu").device.index == 0  # still usable
 
 
-def test_generator_seeds_the_runtime(tpu):
+def test_generator_state(tpu):
     g = torch.Generator(device="tpu")
     assert g.device == torch.device("tpu", 0)
+    assert g.initial_seed() == torch.Generator().initial_seed()  # a fresh generator's seed, as on CPU
     assert g.manual_seed(3) is g and g.initial_seed() == 3
-    # The seed lives in the runtime, shared by every generator of the device.
-    assert torch.Generator(device="tpu").initial_seed() == 3
+    # A user generator has its own state; the default one is the runtime's.
+    torch.tpu.manual_seed(5)
+    assert torch.Generator(device="tpu").initial_seed() != 3 and torch.tpu.initial_seed() == 5
+    assert g.initial_seed() == 3
     g.set_offset(40)
     assert g.get_offset() == 40
     state = g.get_state()
@@ -226,9 +229,24 @@ def test_generator_seeds_the_runtime(tpu):
     s = g.seed()
     assert g.initial_seed() == s
     assert g.clone_state().initial_seed() == s
+    # the device's default state round-trips through torch.tpu
+    torch.tpu.manual_seed(8)
+    torch.rand(5, device="tpu")
+    st = torch.tpu.get_rng_state()
+    a = torch.rand(5, device="tpu").cpu()
+    torch.tpu.manual_seed(1)
+    torch.tpu.set_rng_state(st)
+    assert torch.tpu.initial_seed() == 8 and torch.equal(torch.rand(5, device="tpu").cpu(), a)
     if tpu > 1:  # devices are seeded independently
-        g1 = torch.Generator(device="tpu:1").manual_seed(11)
-        assert g1.initial_seed() == 11 and g.initial_seed() == s
+        torch.tpu.manual_seed_all(11)
+        torch.tpu.manual_seed(12)
+        assert torch.tpu.initial_seed() == 12 and _C_initial_seed(1) == 11
+
+
+def _C_initial_seed(d):
+    from torch_pjrt import _C
+
+    return _C.initial_seed(d)
 
 
 def test_streams_and_events_are_placeholders():

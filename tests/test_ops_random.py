@@ -658,3 +658,38 @@ def test_lowering_names():
         base, _, ovl = rest.partition(".")
         assert ovl or "default" in getattr(torch.ops.aten, base).overloads(), name
         assert getattr(getattr(torch.ops.aten, base), ovl or "default") is not None, name
+
+
+def test_user_generators_are_independent_and_reproducible():
+    """torch.Generator("tpu") keeps its own state, as on CPU and CUDA: the
+    same seed gives the same numbers, and drawing from it leaves the default
+    generator alone."""
+    g = torch.Generator("tpu").manual_seed(1)
+    p = torch.rand(2, 6, device="tpu")
+    draws = lambda: (torch.randn(6, generator=g, device="tpu"), torch.rand(3, 4, generator=g, device="tpu"),
+                     torch.empty(5, device="tpu").normal_(2.0, 3.0, generator=g),
+                     torch.empty(5, device="tpu").uniform_(-1, 1, generator=g),
+                     torch.bernoulli(torch.full((8,), 0.5, device="tpu"), generator=g),
+                     torch.multinomial(p, 3, generator=g),
+                     torch.randint(0, 9, (7,), generator=g, device="tpu"),
+                     torch.randperm(9, generator=g, device="tpu"))
+    first = [t.cpu() for t in draws()]
+    g.manual_seed(1)
+    again = [t.cpu() for t in draws()]
+    for a, b in zip(first, again):
+        assert torch.equal(a, b)
+    assert not torch.equal(first[0], torch.randn(6, generator=g, device="tpu").cpu())  # it advanced
+    torch.tpu.manual_seed(5)
+    ref = torch.randn(4, device="tpu").cpu()
+    torch.tpu.manual_seed(5)
+    torch.randn(100, generator=torch.Generator("tpu").manual_seed(3), device="tpu")
+    assert torch.equal(torch.randn(4, device="tpu").cpu(), ref)  # the default stream did not move
+    state = g.get_state()
+    a = torch.rand(4, generator=g, device="tpu").cpu()
+    g.set_state(state)
+    assert torch.equal(torch.rand(4, generator=g, device="tpu").cpu(), a)
+
+
+def test_generator_of_another_device_type_raises():
+    with pytest.raises(RuntimeError, match="Expected a 'tpu' device type for generator but found 'cpu'"):
+        torch.randn(3, generator=torch.Generator().manual_seed(0), device="tpu")

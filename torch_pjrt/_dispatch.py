@@ -712,6 +712,37 @@ class _Handler:
                     return True
         return False
 
+    @staticmethod
+    def _generator(vals):
+        for v in vals:
+            if isinstance(v, torch.Generator):
+                if v.device.type != "tpu":
+                    raise RuntimeError(f"Expected a 'tpu' device type for generator but found '{v.device.type}'")
+                return v
+        return None
+
+    def _with_generator(self, gen, vals, enc, specs, multi, device):
+        """Run with a generator argument: random ops draw from its own
+        (seed, counter) state (a user-created generator is independent of the
+        device's default one, as on CPU and CUDA), which then advances."""
+        state = (gen.initial_seed(), gen.get_offset())
+        if self.is_out or self.is_inplace:
+            outs = [vals[i] for i in self.out_idx] if self.is_out else [vals[0]]
+            if self.is_out:
+                for o, m in zip(outs, specs):
+                    if m is not None and o.shape != m[0]:
+                        o.resize_(m[0])
+            gen.set_offset(_C.run(self.lowering, enc, None, tuple(_ref(o) for o in outs), state))
+            return outs[0] if len(outs) == 1 else tuple(outs)
+        dev = _DEVICES.get(device) or _DEVICES.setdefault(device, torch.device("tpu", device))
+        outs = [None if m is None else torch.empty_strided(m[0], m[1], dtype=m[2], device=dev) for m in specs]
+        refs = [_ref(o) for o in outs if o is not None]
+        refs += [_ref(vals[i]) for i in self.mutated_idx if isinstance(vals[i], torch.Tensor)]
+        gen.set_offset(_C.run(self.lowering, enc, None, tuple(refs), state))
+        if not outs:
+            return None
+        return tuple(outs) if multi else outs[0]
+
     def __call__(self, args, kwargs):
         if self.resolves_bits:
             args, kwargs = self._resolve_bits(args, kwargs)
@@ -736,6 +767,9 @@ class _Handler:
             vals = [vals[0].mT] + list(vals[1:])
             device, enc_all, _ = self._encode_and_key(vals)
         enc = tuple(enc_all) if self.all_functional else tuple(enc_all[i] for i in self.functional_idx)
+        gen = self._generator(vals)
+        if gen is not None:
+            return self._with_generator(gen, vals, enc, specs, multi, device)
         if self.is_out:
             outs = [vals[i] for i in self.out_idx]
             for o, m in zip(outs, specs):

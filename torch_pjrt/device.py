@@ -2,6 +2,8 @@
 import contextlib
 import os
 
+import struct
+
 import torch
 
 from . import _C
@@ -156,22 +158,20 @@ def initial_seed() -> int:
     return _C.initial_seed(current_device())
 
 
-def _generator(device):
-    # Every tpu generator of a device is a view of the device's one random
-    # state (seed, counter) in the C runtime, so a fresh one reads and
-    # writes the default generator's state.
-    return torch.Generator(device=torch.device("tpu", _index(device)))
-
-
 def get_rng_state(device="tpu") -> torch.Tensor:
     """The device's random state as a CPU ByteTensor (like torch.cuda): 16
     bytes, the seed then the counter of values drawn so far (uint64 each)."""
-    return _generator(device).get_state()
+    seed, offset = _C.rng_state(_index(device))
+    return torch.frombuffer(bytearray(struct.pack("=QQ", seed, offset)), dtype=torch.uint8)
 
 
 def set_rng_state(new_state: torch.Tensor, device="tpu") -> None:
     """Restore a state from get_rng_state: the same random numbers follow."""
-    _generator(device).set_state(new_state)
+    if new_state.dtype != torch.uint8 or new_state.numel() != 16:
+        raise RuntimeError(f"RNG state of a tpu generator must be 16 bytes (torch.uint8), got {new_state.numel()} "
+                           f"{new_state.dtype} values")
+    seed, offset = struct.unpack("=QQ", new_state.detach().cpu().contiguous().numpy().tobytes())
+    _C.set_rng_state(_index(device), seed, offset)
 
 
 def get_rng_state_all() -> list:

@@ -392,6 +392,7 @@ struct tp_lower_ctx {
   param_src *params;
   int nparams, capparams;
   int rng_used;
+  tp_rng_state *rng; /* a user generator's state, or NULL: the device's */
   int device;
   /* index checks (tp_node.check) the program being built makes */
   int nchecks, capchecks;
@@ -1416,7 +1417,13 @@ static tp_status *run_locked(tp_plugin *p, tp_lower_ctx *c, const char *op, cons
       }
     } else {
       uint64_t key[2];
-      tp_runtime_rng_advance(device, en->rng_count, &key[0], &key[1]);
+      if (c->rng) {
+        key[0] = c->rng->seed;
+        key[1] = c->rng->offset;
+        c->rng->offset += en->rng_count;
+      } else {
+        tp_runtime_rng_advance(device, en->rng_count, &key[0], &key[1]);
+      }
       int64_t two = 2;
       st = tp_buffer_from_host(p, device, TP_U64, &two, 1, key, &in[i]);
       if (!st && ntmp < 256) tmp[ntmp++] = in[i];
@@ -1442,6 +1449,11 @@ out:
 
 tp_status *tp_eager_run(const char *op, const tp_eager_arg *args, int nargs, const tp_type *out_types,
                         const tp_tensor_ref *outs, int nouts) {
+  return tp_eager_run_rng(op, args, nargs, out_types, outs, nouts, NULL);
+}
+
+tp_status *tp_eager_run_rng(const char *op, const tp_eager_arg *args, int nargs, const tp_type *out_types,
+                            const tp_tensor_ref *outs, int nouts, tp_rng_state *rng) {
   tp_plugin *p = tp_runtime_plugin();
   if (!p) return tp_error(TP_FAILED_PRECONDITION, "the tpu runtime is not initialised (import torch_pjrt first)");
   /* The context is large (per-storage tables): reuse one under the lock
@@ -1462,6 +1474,7 @@ tp_status *tp_eager_run(const char *op, const tp_eager_arg *args, int nargs, con
   c->nst = 0;
   c->nparams = 0; /* keeps its params and checks arrays for reuse */
   c->rng_used = 0;
+  c->rng = rng;
   c->nchecks = 0;
   tp_status *st = run_locked(p, c, op, args, nargs, out_types, outs, nouts);
   if (c == &g_ctx) {

@@ -47,6 +47,15 @@ typedef struct tp_eager_arg {
 tp_status *tp_eager_run(const char *op, const tp_eager_arg *args, int nargs, const tp_type *out_types,
                         const tp_tensor_ref *outs, int nouts);
 
+/* The random state of a user-created generator: (seed, counter).  Like
+ * tp_eager_run, but random ops reserve their counter values from *rng
+ * (advancing rng->offset) instead of from the device's state. */
+typedef struct tp_rng_state {
+  uint64_t seed, offset;
+} tp_rng_state;
+tp_status *tp_eager_run_rng(const char *op, const tp_eager_arg *args, int nargs, const tp_type *out_types,
+                            const tp_tensor_ref *outs, int nouts, tp_rng_state *rng);
+
 /* Host <-> device for one view.  `host` is dense row-major data of the
  * view's dtype and numel. */
 tp_status *tp_eager_write_host(const tp_tensor_ref *dst, const void *host);

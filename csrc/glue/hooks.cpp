@@ -46,24 +46,32 @@ namespace {
 
 // ---------------------------------------------------------------- generator
 
-// The random state lives in the C runtime, one (seed, counter) per device,
-// because the C core produces the random numbers (tp_runtime_rng_advance).
-// This generator is a view of that state: every generator of a device,
-// default or new, reads and writes the same runtime state.  It subclasses
-// CPUGeneratorImpl (as OpenReg does) only for the boilerplate; the
-// inherited mt19937 engine is never used.
+// The random state is a (seed, counter) pair; the C core turns it into the
+// random numbers.  A device's default generator is a view of that device's
+// state in the C runtime (tp_runtime_rng_advance), which ops without a
+// generator argument use.  A generator the user creates
+// (torch.Generator("tpu")) keeps its own pair here; an op given it reserves
+// its counter values from it (the Python kernel passes the pair to
+// _C.run).  It subclasses CPUGeneratorImpl (as OpenReg does) only for the
+// boilerplate; the inherited mt19937 engine is never used.
 struct TpGenerator final : at::CPUGeneratorImpl {
-  explicit TpGenerator(c10::DeviceIndex index) {
+  TpGenerator(c10::DeviceIndex index, bool is_default) : default_(is_default) {
     device_ = c10::Device(kTpu, index);
     key_set_ = c10::DispatchKeySet(c10::DispatchKey::PrivateUse1);
+    seed_ = c10::default_rng_seed_val;
   }
   int dev() const { return device_.index(); }
 
   void set_current_seed(uint64_t seed) override {
-    tp_runtime_manual_seed(dev(), seed); // also resets the counter
+    if (default_) {
+      tp_runtime_manual_seed(dev(), seed); // also resets the counter
+    } else {
+      seed_ = seed;
+      offset_ = 0;
+    }
   }
   uint64_t current_seed() const override {
-    return tp_runtime_initial_seed(dev());
+    return default_ ? tp_runtime_initial_seed(dev()) : seed_;
   }
   uint64_t seed() override {
     const uint64_t s = c10::detail::getNonDeterministicRandom();
@@ -71,6 +79,7 @@ struct TpGenerator final : at::CPUGeneratorImpl {
     return s;
   }
   uint64_t get_offset() const override {
+    if (!default_) return offset_;
     uint64_t seed = 0, offset = 0;
     tp_runtime_rng_advance(dev(), 0, &seed, &offset); // reserves nothing
     return offset;
@@ -78,6 +87,10 @@ struct TpGenerator final : at::CPUGeneratorImpl {
   // The runtime has no "set counter"; reseeding resets it to 0 and then
   // reserving `offset` values moves it exactly there.
   void set_offset(uint64_t offset) override {
+    if (!default_) {
+      offset_ = offset;
+      return;
+    }
     uint64_t seed = 0, first = 0;
     tp_runtime_manual_seed(dev(), current_seed());
     tp_runtime_rng_advance(dev(), offset, &seed, &first);
@@ -102,8 +115,16 @@ struct TpGenerator final : at::CPUGeneratorImpl {
   }
 
  private:
-  // A clone shares the device's runtime state, as the original does.
-  TpGenerator* clone_impl() const override { return new TpGenerator(dev()); }
+  // A clone of the default generator shares the device's runtime state; a
+  // clone of a user generator copies its pair (graphsafe_get_state, fork_rng).
+  TpGenerator* clone_impl() const override {
+    auto* g = new TpGenerator(dev(), default_);
+    g->seed_ = seed_;
+    g->offset_ = offset_;
+    return g;
+  }
+  bool default_;
+  uint64_t seed_ = 0, offset_ = 0;
 };
 
 c10::DeviceIndex resolve(c10::DeviceIndex index) {
@@ -121,7 +142,7 @@ const at::Generator& default_generator(c10::DeviceIndex index) {
   std::lock_guard<std::mutex> lock(mu);
   while (gens.size() <= static_cast<size_t>(index))
     gens.push_back(at::make_generator<TpGenerator>(
-        static_cast<c10::DeviceIndex>(gens.size())));
+        static_cast<c10::DeviceIndex>(gens.size()), true));
   return gens[index];
 }
 
@@ -154,7 +175,7 @@ struct TpHooks final : at::PrivateUse1HooksInterface {
     return default_generator(index);
   }
   at::Generator getNewGenerator(c10::DeviceIndex index) const override {
-    return at::make_generator<TpGenerator>(resolve(index));
+    return at::make_generator<TpGenerator>(resolve(index), false);
   }
 
   // Only for pointers that are a storage's base DataPtr (a tp_storage*).

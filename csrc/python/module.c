@@ -207,8 +207,11 @@ static int parse_arg(PyObject *o, tp_eager_arg *a, call_mem *m) {
 static PyObject *py_run(PyObject *self, PyObject *pyargs) {
   (void)self;
   const char *op;
-  PyObject *args, *out_types, *outs;
-  if (!PyArg_ParseTuple(pyargs, "sO!OO!", &op, &PyTuple_Type, &args, &out_types, &PyTuple_Type, &outs)) return NULL;
+  PyObject *args, *out_types, *outs, *gen = Py_None;
+  if (!PyArg_ParseTuple(pyargs, "sO!OO!|O", &op, &PyTuple_Type, &args, &out_types, &PyTuple_Type, &outs, &gen))
+    return NULL;
+  tp_rng_state rng = {0, 0};
+  if (gen != Py_None && !PyArg_ParseTuple(gen, "KK", &rng.seed, &rng.offset)) return NULL;
   Py_ssize_t nargs = PyTuple_GET_SIZE(args), nouts = PyTuple_GET_SIZE(outs);
   call_mem m = {0};
   tp_type *ot = NULL;
@@ -251,12 +254,12 @@ static PyObject *py_run(PyObject *self, PyObject *pyargs) {
     }
   }
   tp_status *st;
-  Py_BEGIN_ALLOW_THREADS st = tp_eager_run(op, m.args, (int)nargs, ot, orefs, (int)nouts);
+  Py_BEGIN_ALLOW_THREADS st = tp_eager_run_rng(op, m.args, (int)nargs, ot, orefs, (int)nouts, gen != Py_None ? &rng : NULL);
   Py_END_ALLOW_THREADS if (st) {
     raise_status(st);
     goto done;
   }
-  ret = Py_NewRef(Py_None);
+  ret = gen != Py_None ? PyLong_FromUnsignedLongLong(rng.offset) : Py_NewRef(Py_None);
 done:
   call_mem_free(&m);
   free(ot);
@@ -581,6 +584,28 @@ static PyObject *py_initial_seed(PyObject *self, PyObject *a) {
   return PyLong_FromUnsignedLongLong(tp_runtime_initial_seed(d));
 }
 
+/* rng_state(device) -> (seed, counter) of the device's default random state */
+static PyObject *py_rng_state(PyObject *self, PyObject *a) {
+  (void)self;
+  int d;
+  if (!PyArg_ParseTuple(a, "i", &d) || check_device(d) < 0) return NULL;
+  uint64_t seed = 0, offset = 0;
+  tp_runtime_rng_advance(d, 0, &seed, &offset); /* reserves nothing */
+  return Py_BuildValue("KK", (unsigned long long)seed, (unsigned long long)offset);
+}
+
+/* set_rng_state(device, seed, counter) */
+static PyObject *py_set_rng_state(PyObject *self, PyObject *a) {
+  (void)self;
+  int d;
+  unsigned long long seed, offset;
+  if (!PyArg_ParseTuple(a, "iKK", &d, &seed, &offset) || check_device(d) < 0) return NULL;
+  uint64_t s0 = 0, o0 = 0;
+  tp_runtime_manual_seed(d, seed); /* counter 0, then reserve up to `offset` */
+  tp_runtime_rng_advance(d, offset, &s0, &o0);
+  Py_RETURN_NONE;
+}
+
 static int put_num(PyObject *d, const char *k, PyObject *v) {
   if (!v) return -1;
   int r = PyDict_SetItemString(d, k, v);
@@ -901,7 +926,11 @@ static PyMethodDef methods[] = {
     {"init", py_init, METH_VARARGS, "init(plugin_path, cpu_device_count): open the PJRT plugin"},
     {"info", py_info, METH_NOARGS, "plugin facts: path, platform, versions, device kind"},
     {"device_count", py_device_count, METH_NOARGS, "number of devices (0 before init)"},
-    {"run", py_run, METH_VARARGS, "run(op, args, out_types, outs): run one op"},
+    {"rng_state", py_rng_state, METH_VARARGS, "rng_state(device) -> (seed, counter) of the device's random state"},
+    {"set_rng_state", py_set_rng_state, METH_VARARGS, "set_rng_state(device, seed, counter)"},
+    {"run", py_run, METH_VARARGS,
+     "run(op, args, out_types, outs[, (seed, offset)]): run one op; with a generator state, random ops draw from it "
+     "and the new offset is returned"},
     {"fast_call", (PyCFunction)(void (*)(void))py_fast_call, METH_FASTCALL, "fast_call(plan, args): run a cached op, or NotImplemented"},
     {"graph_new", py_graph_new, METH_VARARGS, "graph_new(input_types) -> id"},
     {"graph_add", py_graph_add, METH_VARARGS, "graph_add(id, op, args, out_types) -> first output value id"},

@@ -1,5 +1,5 @@
-"""Out-of-range indices (and integer division by zero) raise PyTorch's CPU
-error instead of giving clamped values.
+"""Out-of-range indices (and integer division by zero, invalid probabilities)
+raise PyTorch's CPU error instead of giving clamped or made-up values.
 
 A program cannot raise, so indexing programs record a violation in a device
 flag and the next read or synchronize raises it (eager.c, "index checks").
@@ -79,6 +79,15 @@ CASES = {
                   "ZeroDivisionError"),
     "div_trunc_zero": (lambda x, T: torch.div(T(torch.tensor([5])), T(torch.tensor([0])), rounding_mode="trunc"),
                        RuntimeError, "ZeroDivisionError"),
+    # probabilities the CPU kernels refuse
+    "multinomial_negative": (lambda x, T: torch.multinomial(T(torch.tensor([[0.5, -0.1, 0.6]])), 1), RuntimeError,
+                             "probability tensor contains either `inf`, `nan` or element < 0"),
+    "multinomial_inf": (lambda x, T: torch.multinomial(T(torch.tensor([[0.5, float("inf")]])), 1), RuntimeError,
+                        "probability tensor contains either `inf`, `nan` or element < 0"),
+    "multinomial_zero_row": (lambda x, T: torch.multinomial(T(torch.tensor([[0.2, 0.1], [0.0, 0.0]])), 1),
+                             RuntimeError, "invalid multinomial distribution (sum of probabilities <= 0)"),
+    "bernoulli_p": (lambda x, T: torch.bernoulli(T(torch.tensor([0.5, 1.5]))), RuntimeError,
+                    "Expected p_in >= 0 && p_in <= 1 to be true, but got false."),
     # ours name the value but not its position, and come from the ops these decompose into
     "embedding_bag": (lambda x, T: F.embedding_bag(T(I), x, T(torch.tensor([0]))), RuntimeError, None),
     "one_hot": (lambda x, T: F.one_hot(T(torch.tensor([5])), 3), RuntimeError, None),

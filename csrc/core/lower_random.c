@@ -582,6 +582,10 @@ static void bern_tensor(tp_emit *e, const tp_node *n, tp_val *o, int pi) {
   tp_dtype ct = pdt == TP_F64 ? TP_F64 : TP_F32;
   tp_type t = lw_out_as(n, 0, ct);
   tp_val p = lw_operand(e, n, pi, &t);
+  tp_val ok = em_binary(e, "stablehlo.and", em_compare(e, "GE", p, lw_full_like(e, p, 0)),
+                        em_compare(e, "LE", p, lw_full_like(e, p, 1)));
+  lw_check_range(e, n, em_convert(e, ok, TP_I64), 1, 2, TP_INVALID_ARGUMENT,
+                 "Expected p_in >= 0 && p_in <= 1 to be true, but got false.");
   rng r = rng_open(e, n);
   tp_val u = shape_out(e, n, 0, uniform01(e, &r, out_numel(n, 0), ct, U_CO));
   o[0] = em_convert(e, em_compare(e, "LT", u, p), OUT0->dt);
@@ -698,10 +702,9 @@ static void r_randperm(tp_emit *e, const tp_node *n, tp_val *o) {
  * sample is argmax_c(log p_c + Gumbel) (the Gumbel-max trick) with fresh
  * noise per sample; without: the num_samples largest keys log p_c + Gumbel_c
  * (Gumbel-top-k, equivalent to sequential sampling without replacement).
- * Probabilities need not sum to 1.  PyTorch's data-dependent checks
- * (negative or non-finite probabilities, fewer non-zero categories than
- * samples without replacement) cannot be made in a static program: such
- * inputs give unspecified samples instead of an error. */
+ * Probabilities need not sum to 1.  Negative or non-finite probabilities,
+ * and rows that sum to 0, raise PyTorch's errors through the device-side
+ * checks (tp_node.check). */
 static void r_multinomial(tp_emit *e, const tp_node *n, tp_val *o) {
   tp_val p = lw_value(e, n, 0);
   if (em_failed(e)) return;
@@ -724,7 +727,17 @@ static void r_multinomial(tp_emit *e, const tp_node *n, tp_val *o) {
   }
   tp_dtype ct = pt.dt == TP_F64 ? TP_F64 : TP_F32;
   int64_t d2[2] = {rows, cats};
-  tp_val lp = em_unary(e, "stablehlo.log", em_reshape(e, em_convert(e, p, ct), 2, d2));
+  tp_val pc = em_reshape(e, em_convert(e, p, ct), 2, d2);
+  tp_val zero = lw_full_like(e, pc, 0);
+  tp_val ok = em_binary(e, "stablehlo.and", em_compare(e, "LT", pc, lw_full_like(e, pc, INFINITY)),
+                        em_compare(e, "GE", pc, zero)); /* false for NaN */
+  lw_check_range(e, n, em_convert(e, ok, TP_I64), 1, 2, TP_INVALID_ARGUMENT,
+                 "probability tensor contains either `inf`, `nan` or element < 0");
+  int64_t one = 1;
+  tp_val sum = em_reduce(e, pc, em_const(e, 0, ct), &one, 1, "stablehlo.add");
+  lw_check_range(e, n, em_convert(e, em_compare(e, "GT", sum, lw_full_like(e, sum, 0)), TP_I64), 1, 2,
+                 TP_INVALID_ARGUMENT, "invalid multinomial distribution (sum of probabilities <= 0)");
+  tp_val lp = em_unary(e, "stablehlo.log", pc);
   rng r = rng_open(e, n);
   if (em_failed(e)) return;
   if (repl) {

@@ -721,27 +721,15 @@ class _Handler:
                 return v
         return None
 
-    def _with_generator(self, gen, vals, enc, specs, multi, device):
-        """Run with a generator argument: random ops draw from its own
-        (seed, counter) state (a user-created generator is independent of the
-        device's default one, as on CPU and CUDA), which then advances."""
-        state = (gen.initial_seed(), gen.get_offset())
-        if self.is_out or self.is_inplace:
-            outs = [vals[i] for i in self.out_idx] if self.is_out else [vals[0]]
-            if self.is_out:
-                for o, m in zip(outs, specs):
-                    if m is not None and o.shape != m[0]:
-                        o.resize_(m[0])
-            gen.set_offset(_C.run(self.lowering, enc, None, tuple(_ref(o) for o in outs), state))
-            return outs[0] if len(outs) == 1 else tuple(outs)
-        dev = _DEVICES.get(device) or _DEVICES.setdefault(device, torch.device("tpu", device))
-        outs = [None if m is None else torch.empty_strided(m[0], m[1], dtype=m[2], device=dev) for m in specs]
-        refs = [_ref(o) for o in outs if o is not None]
-        refs += [_ref(vals[i]) for i in self.mutated_idx if isinstance(vals[i], torch.Tensor)]
-        gen.set_offset(_C.run(self.lowering, enc, None, tuple(refs), state))
-        if not outs:
-            return None
-        return tuple(outs) if multi else outs[0]
+    def _run(self, enc, refs, gen):
+        """Run the lowering.  With a generator argument, random ops draw from
+        its own (seed, counter) state, which then advances (a user-created
+        generator is independent of the device's default one, as on CPU and
+        CUDA)."""
+        if gen is None:
+            _C.run(self.lowering, enc, None, refs)
+        else:
+            gen.set_offset(_C.run(self.lowering, enc, None, refs, (gen.initial_seed(), gen.get_offset())))
 
     def __call__(self, args, kwargs):
         if self.resolves_bits:
@@ -768,20 +756,18 @@ class _Handler:
             device, enc_all, _ = self._encode_and_key(vals)
         enc = tuple(enc_all) if self.all_functional else tuple(enc_all[i] for i in self.functional_idx)
         gen = self._generator(vals)
-        if gen is not None:
-            return self._with_generator(gen, vals, enc, specs, multi, device)
         if self.is_out:
             outs = [vals[i] for i in self.out_idx]
             for o, m in zip(outs, specs):
                 if m is not None and o.shape != m[0]:
                     o.resize_(m[0])
-            _C.run(self.lowering, enc, None, tuple(_ref(o) for o in outs))
+            self._run(enc, tuple(_ref(o) for o in outs), gen)
             if self.linalg:
                 self._after(vals, outs)
             return outs[0] if len(outs) == 1 else tuple(outs)
         if self.is_inplace:
             self_t = vals[0]
-            _C.run(self.lowering, enc, None, (_ref(self_t),))
+            self._run(enc, (_ref(self_t),), gen)
             return self_t
         dev = _DEVICES.get(device) or _DEVICES.setdefault(device, torch.device("tpu", device))
         outs = [None if m is None else torch.empty_strided(m[0], m[1], dtype=m[2], device=dev) for m in specs]
@@ -789,7 +775,7 @@ class _Handler:
         # the rule receives only the defined ones, in order.
         refs = [_ref(o) for o in outs if o is not None]
         refs += [_ref(vals[i]) for i in self.mutated_idx if isinstance(vals[i], torch.Tensor)]
-        _C.run(self.lowering, enc, None, tuple(refs))
+        self._run(enc, tuple(refs), gen)
         if self.linalg:
             self._after(vals, outs)
         if not outs:

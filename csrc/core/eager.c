@@ -1388,29 +1388,16 @@ static tp_status *run_locked(tp_plugin *p, tp_lower_ctx *c, const char *op, cons
     const param_src *ps = &en->params[i];
     if (ps->kind == SRC_STORAGE) {
       in[i] = tp_storage_buffer(c->st[ps->idx]);
-    } else if (ps->kind == SRC_SCALAR) {
+    } else if (ps->kind == SRC_SCALAR || ps->kind == SRC_CHECK) {
+      /* a runtime scalar: an argument, or the id of the program's first check */
+      tp_arg base = {.kind = TP_ARG_SCALAR, .sdt = TP_I64, .i = en->check_base};
+      const tp_arg *a = ps->kind == SRC_SCALAR ? &args[ps->idx].a : &base;
       int owned = 0;
       if (nbusy >= 256) { /* more scalars than we track: never reuse a slot */
         st = tp_error(TP_RESOURCE_EXHAUSTED, "too many scalar arguments");
         break;
       }
-      st = scalar_buffer(p, device, &args[ps->idx].a, ps->dt, busy, &nbusy, &in[i], &owned);
-      if (!st && owned) {
-        if (ntmp < 256) tmp[ntmp++] = in[i];
-        else st = tp_error(TP_RESOURCE_EXHAUSTED, "too many scalar arguments");
-      }
-    } else if (ps->kind == SRC_CHECK) {
-      tp_arg base;
-      memset(&base, 0, sizeof base);
-      base.kind = TP_ARG_SCALAR;
-      base.sdt = TP_I64;
-      base.i = en->check_base;
-      int owned = 0;
-      if (nbusy >= 256) {
-        st = tp_error(TP_RESOURCE_EXHAUSTED, "too many scalar arguments");
-        break;
-      }
-      st = scalar_buffer(p, device, &base, TP_I64, busy, &nbusy, &in[i], &owned);
+      st = scalar_buffer(p, device, a, ps->dt, busy, &nbusy, &in[i], &owned);
       if (!st && owned) {
         if (ntmp < 256) tmp[ntmp++] = in[i];
         else st = tp_error(TP_RESOURCE_EXHAUSTED, "too many scalar arguments");

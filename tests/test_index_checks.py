@@ -88,6 +88,8 @@ CASES = {
                              RuntimeError, "invalid multinomial distribution (sum of probabilities <= 0)"),
     "bernoulli_p": (lambda x, T: torch.bernoulli(T(torch.tensor([0.5, 1.5]))), RuntimeError,
                     "Expected p_in >= 0 && p_in <= 1 to be true, but got false."),
+    "binary_cross_entropy": (lambda x, T: F.binary_cross_entropy(T(torch.tensor([0.5, 1.5])), T(torch.ones(2))),
+                             RuntimeError, "all elements of input should be between 0 and 1"),
     # ours name the value but not its position, and come from the ops these decompose into
     "embedding_bag": (lambda x, T: F.embedding_bag(T(I), x, T(torch.tensor([0]))), RuntimeError, None),
     "one_hot": (lambda x, T: F.one_hot(T(torch.tensor([5])), 3), RuntimeError, None),

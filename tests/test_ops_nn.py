@@ -316,6 +316,19 @@ def test_nll_loss(dtype, reduction, weighted):
     check_any(lambda x, t, w: F.cross_entropy(x, t, weight=w, reduction=reduction), x, t, w, grad=True, dtype=dtype)
 
 
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_binary_cross_entropy(reduction):
+    g = torch.Generator().manual_seed(3)
+    x = torch.rand(6, 4, generator=g).clamp(0.02, 0.98).requires_grad_()
+    t = torch.rand(6, 4, generator=g)
+    w = torch.rand(4, generator=g)
+    check(lambda x, t, w: F.binary_cross_entropy(x, t, weight=w, reduction=reduction), x, t, w, grad=True)
+    # log(0) is clamped at -100, as on the CPU
+    edge = torch.tensor([0.0, 1.0, 0.0, 1.0])
+    check(lambda x, t: F.binary_cross_entropy(x, t, reduction=reduction), edge, torch.tensor([0.0, 1.0, 1.0, 0.0]))
+    assert _uses_rule("aten::binary_cross_entropy") and _uses_rule("aten::binary_cross_entropy_backward")
+
+
 def test_nll_loss_ignore_index_and_1d():
     x = rnd(5, 4)
     t = torch.tensor([3, 1, 1, 0, 2])

@@ -673,6 +673,48 @@ static int bshape(const tp_type *a, const tp_type *b, tp_type *r) {
   return 1;
 }
 
+/* binary_cross_entropy(self, target, weight?, reduction), as PyTorch's CPU
+ * kernel: (t - 1) * max(log1p(-x), -100) - t * max(log(x), -100), times the
+ * weight, in opmath.  An input outside [0, 1] raises the CPU's error through
+ * the device-side checks (it would give NaN). */
+static void r_binary_cross_entropy(tp_emit *e, const tp_node *n, tp_val *o) {
+  tp_type t = lw_out_as(n, 0, lw_opmath(n->outs[0].dt));
+  tp_type xt = *em_type(e, lw_value(e, n, 0));
+  t.rank = xt.rank;
+  for (int i = 0; i < xt.rank; i++) t.dims[i] = xt.dims[i];
+  tp_val x = lw_operand(e, n, 0, &t), y = lw_operand(e, n, 1, &t);
+  tp_val ok = em_binary(e, "stablehlo.and", em_compare(e, "GE", x, kf(e, x, 0)), em_compare(e, "LE", x, kf(e, x, 1)));
+  lw_check_range(e, n, em_convert(e, ok, TP_I64), 1, 2, TP_INVALID_ARGUMENT,
+                 "all elements of input should be between 0 and 1");
+  tp_val lo = kf(e, x, -100);
+  tp_val l1 = em_binary(e, "stablehlo.maximum", em_unary(e, "stablehlo.log_plus_one", em_unary(e, "stablehlo.negate", x)), lo);
+  tp_val l0 = em_binary(e, "stablehlo.maximum", em_unary(e, "stablehlo.log", x), lo);
+  tp_val loss = sub(e, mul(e, sub(e, y, kf(e, y, 1)), l1), mul(e, y, l0));
+  if (lw_arg(n, 2)->kind == TP_ARG_TENSOR) loss = mul(e, loss, lw_operand(e, n, 2, &t));
+  int64_t red = lw_int(n, 3, 1);
+  if (red == 0) {
+    o[0] = as_out(e, n, 0, loss);
+    return;
+  }
+  int64_t all[TP_MAX_RANK];
+  for (int i = 0; i < t.rank; i++) all[i] = i;
+  tp_val sum = rsum(e, loss, all, t.rank);
+  if (red == 1) sum = dv(e, sum, kf(e, sum, (double)numel_of(&t)));
+  o[0] = as_out(e, n, 0, sum);
+}
+
+/* binary_cross_entropy_backward(grad_output, self, target, weight?, reduction):
+ * grad * (x - t) / max(x * (1 - x), 1e-12) * weight, / numel for the mean. */
+static void r_binary_cross_entropy_backward(tp_emit *e, const tp_node *n, tp_val *o) {
+  tp_type t = lw_out_as(n, 0, lw_opmath(n->outs[0].dt));
+  tp_val g = lw_operand(e, n, 0, &t), x = lw_operand(e, n, 1, &t), y = lw_operand(e, n, 2, &t);
+  tp_val den = em_binary(e, "stablehlo.maximum", mul(e, x, sub(e, kf(e, x, 1), x)), kf(e, x, 1e-12));
+  tp_val r = dv(e, mul(e, g, sub(e, x, y)), den);
+  if (lw_arg(n, 3)->kind == TP_ARG_TENSOR) r = mul(e, r, lw_operand(e, n, 3, &t));
+  if (lw_int(n, 4, 1) == 1) r = dv(e, r, kf(e, r, (double)numel_of(&t)));
+  o[0] = as_out(e, n, 0, r);
+}
+
 /* mse_loss(self, target, reduction) */
 static void r_mse_loss(tp_emit *e, const tp_node *n, tp_val *o) {
   tp_dtype ct = lw_opmath(n->outs[0].dt);
@@ -1979,6 +2021,8 @@ const tp_lower_entry tp_lower_nn[] = {
     {"aten::nll_loss2d_forward", r_nll_loss},
     {"aten::nll_loss_backward", r_nll_loss_backward},
     {"aten::nll_loss2d_backward", r_nll_loss_backward},
+    {"aten::binary_cross_entropy", r_binary_cross_entropy},
+    {"aten::binary_cross_entropy_backward", r_binary_cross_entropy_backward},
     {"aten::mse_loss", r_mse_loss},
     {"aten::mse_loss_backward", r_mse_loss_backward},
     {NULL, NULL},

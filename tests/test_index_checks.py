@@ -90,6 +90,14 @@ CASES = {
                     "Expected p_in >= 0 && p_in <= 1 to be true, but got false."),
     "binary_cross_entropy": (lambda x, T: F.binary_cross_entropy(T(torch.tensor([0.5, 1.5])), T(torch.ones(2))),
                              RuntimeError, "all elements of input should be between 0 and 1"),
+    "normal_negative_std": (lambda x, T: torch.normal(T(torch.zeros(2)), T(torch.tensor([1.0, -1.0]))), RuntimeError,
+                            "normal expects all elements of std >= 0.0"),
+    "searchsorted_sorter": (lambda x, T: torch.searchsorted(T(torch.tensor([1.0, 2.0])), T(torch.tensor([1.5])),
+                                                            sorter=T(torch.tensor([0, 5]))),
+                            RuntimeError, "torch.searchsorted(): sorter index out of range"),
+    "embedding_bag_offsets": (lambda x, T: F.embedding_bag(T(torch.tensor([0, 1])), x, T(torch.tensor([1, 0]))),
+                              RuntimeError, "offsets[0] has to be 0, i.e., the first sequence in the mini-batch has "
+                                            "to start from position 0. However, got 1"),
     # ours name the value but not its position, and come from the ops these decompose into
     "embedding_bag": (lambda x, T: F.embedding_bag(T(I), x, T(torch.tensor([0]))), RuntimeError, None),
     "one_hot": (lambda x, T: F.one_hot(T(torch.tensor([5])), 3), RuntimeError, None),

@@ -133,7 +133,10 @@ static void r_searchsorted(tp_emit *e, const tp_node *n, tp_val *o) {
   tp_val v = lw_tensor(e, n, 1, ct);
   v = em_reshape(e, em_bcast_to(e, v, qt.rank, qt.dims), 1, &Q);
   tp_val sorter = -1;
-  if (lw_arg(n, 5)->kind == TP_ARG_TENSOR) sorter = em_reshape(e, em_convert(e, lw_value(e, n, 5), TP_I64), 1, &nseq);
+  if (lw_arg(n, 5)->kind == TP_ARG_TENSOR) {
+    sorter = em_reshape(e, em_convert(e, lw_value(e, n, 5), TP_I64), 1, &nseq);
+    lw_check_range(e, n, sorter, 0, L, TP_INVALID_ARGUMENT, "torch.searchsorted(): sorter index out of range");
+  }
   /* row offset of each query into the flattened sequence */
   tp_type q1 = tp_type_make(TP_I64, 1, &Q);
   tp_val base = em_full(e, 0, &q1);

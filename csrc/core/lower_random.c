@@ -331,6 +331,8 @@ static void normal_tensors(tp_emit *e, const tp_node *n, tp_val *o) {
     s = em_full(e, lw_float(n, 1, 1.0), &t);
   } else {
     s = lw_operand(e, n, 1, &t);
+    lw_check_range(e, n, em_convert(e, em_compare(e, "GE", s, lw_full_like(e, s, 0)), TP_I64), 1, 2,
+                   TP_INVALID_ARGUMENT, "normal expects all elements of std >= 0.0");
   }
   rng r = rng_open(e, n);
   tp_val z = shape_out(e, n, 0, normal01(e, &r, out_numel(n, 0), ct));

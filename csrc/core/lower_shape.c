@@ -1447,6 +1447,10 @@ static void r_embedding_bag(tp_emit *e, const tp_node *n, tp_val *o) {
   off = to_i64(e, off);
   lw_check_range(e, n, idx, 0, wt.dims[0], TP_INVALID_ARGUMENT,
                  "An index of input takes value {} which is not in the valid range [0, %" PRId64 ")", wt.dims[0]);
+  if (O > 0)
+    lw_check_range(e, n, slice1(e, off, 0, 1), 0, 1, TP_INVALID_ARGUMENT,
+                   "offsets[0] has to be 0, i.e., the first sequence in the mini-batch has to start from position 0. "
+                   "However, got {}");
   int fast = mode != BAG_MAX && pad < 0 && (dt == TP_F32 || dt == TP_F16 || dt == TP_BF16) &&
              (mode == BAG_MEAN || tp_type_numel(&n->outs[1]) == 0);
   /* each index's bag (-1 before offsets[0]; B when it takes no part) */

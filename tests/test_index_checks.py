@@ -98,6 +98,9 @@ CASES = {
     "embedding_bag_offsets": (lambda x, T: F.embedding_bag(T(torch.tensor([0, 1])), x, T(torch.tensor([1, 0]))),
                               RuntimeError, "offsets[0] has to be 0, i.e., the first sequence in the mini-batch has "
                                             "to start from position 0. However, got 1"),
+    "max_unpool2d": (lambda x, T: F.max_unpool2d(T(torch.ones(2, 1, 2, 2)),
+                                                 T(torch.tensor([[[[0, 1], [2, 3]]], [[[0, 1], [2, -1]]]])), 2),
+                     RuntimeError, "Found an invalid max index: -1 (output volumes are of size 4x4)"),
     # ours name the value but not its position, and come from the ops these decompose into
     "embedding_bag": (lambda x, T: F.embedding_bag(T(I), x, T(torch.tensor([0]))), RuntimeError, None),
     "one_hot": (lambda x, T: F.one_hot(T(torch.tensor([5])), 3), RuntimeError, None),

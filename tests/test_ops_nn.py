@@ -329,6 +329,20 @@ def test_binary_cross_entropy(reduction):
     assert _uses_rule("aten::binary_cross_entropy") and _uses_rule("aten::binary_cross_entropy_backward")
 
 
+@pytest.mark.parametrize("dim", [1, 2, 3])
+def test_max_unpool(dim):
+    pool = (F.max_pool1d, F.max_pool2d, F.max_pool3d)[dim - 1]
+    unpool = (F.max_unpool1d, F.max_unpool2d, F.max_unpool3d)[dim - 1]
+    x = rnd(2, 3, *([6] * dim), grad=False)
+    y, i = pool(x, 2, return_indices=True)
+    y.requires_grad_()
+    check(lambda y, i: unpool(y, i, 2), y, i, grad=True)
+    check(lambda y, i: unpool(y, i, 2, output_size=[7] * dim), y, i, grad=True)
+    check(lambda y, i: unpool(y, i, 2), y[0], i[0], grad=True)  # unbatched
+    if dim > 1:
+        assert _uses_rule(f"aten::max_unpool{dim}d")
+
+
 def test_nll_loss_ignore_index_and_1d():
     x = rnd(5, 4)
     t = torch.tensor([3, 1, 1, 0, 2])

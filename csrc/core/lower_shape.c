@@ -782,6 +782,52 @@ static void r_index_fill(tp_emit *e, const tp_node *n, tp_val *o) {
   o[0] = em_select(e, hit, lw_operand(e, n, 3, OUT0), x);
 }
 
+/* ---- max_unpool ------------------------------------------------------------------------------- */
+
+/* max_unpool2d(self, indices, output_size) / max_unpool3d(self, indices,
+ * output_size, stride, padding): each plane's values go to their flat
+ * positions in a zero output plane.  An index outside the plane raises the
+ * CPU's error (device-side check) and is dropped, never written into
+ * another plane. */
+static void r_max_unpool(tp_emit *e, const tp_node *n, tp_val *o) {
+  tp_val x = lw_value(e, n, 0), idx = to_i64(e, lw_value(e, n, 1));
+  if (em_failed(e)) return;
+  const int64_t *osz;
+  int k = lw_ints(n, 2, &osz);
+  tp_type xt = *em_type(e, x);
+  if (k < 1 || xt.rank < k || tp_type_numel(em_type(e, idx)) != tp_type_numel(&xt)) {
+    o[0] = em_fail(e, TP_INVALID_ARGUMENT, "%s: expected indices of the input's shape and %d output sizes", n->op, k);
+    return;
+  }
+  int64_t plane = 1, in_plane = 1, planes = 1;
+  char sizes[128];
+  size_t q = 0;
+  for (int i = 0; i < k; i++) {
+    plane *= osz[i];
+    in_plane *= xt.dims[xt.rank - k + i];
+    q += (size_t)snprintf(sizes + q, sizeof sizes - q, "%s%" PRId64, i ? "x" : "", osz[i]);
+    if (q >= sizeof sizes) q = sizeof sizes - 1;
+  }
+  for (int i = 0; i < xt.rank - k; i++) planes *= xt.dims[i];
+  if (planes * plane == 0 || in_plane == 0) {
+    o[0] = em_full(e, 0, OUT0);
+    return;
+  }
+  int64_t d2[2] = {planes, in_plane};
+  tp_val i2 = em_reshape(e, idx, 2, d2);
+  lw_check_range(e, n, i2, 0, plane, TP_INVALID_ARGUMENT,
+                 "Found an invalid max index: {} (output volumes are of size %s)", sizes);
+  tp_type it = tp_type_make(TP_I64, 2, d2);
+  tp_val ok = em_binary(e, "stablehlo.and", em_compare(e, "GE", i2, em_full(e, 0, &it)),
+                        em_compare(e, "LT", i2, em_full(e, (double)plane, &it)));
+  tp_val lin = add(e, i2, mul(e, em_iota(e, &it, 0), em_full(e, (double)plane, &it)));
+  int64_t total = planes * plane;
+  lin = em_select(e, ok, lin, em_full(e, (double)total, &it)); /* out of range: dropped */
+  tp_type ft = tp_type_make(xt.dt, 1, &total);
+  tp_val res = em_scatter_flat(e, em_full(e, 0, &ft), flatten(e, lin), flatten(e, x), NULL);
+  o[0] = reshape_to(e, res, OUT0);
+}
+
 /* ---- advanced indexing ------------------------------------------------------------------------ */
 
 typedef struct iplan {
@@ -1740,6 +1786,8 @@ const tp_lower_entry tp_lower_shape[] = {
     {"aten::gather", r_gather},
     {"aten::take", r_take},
     {"aten::put", r_put},
+    {"aten::max_unpool2d", r_max_unpool},
+    {"aten::max_unpool3d", r_max_unpool},
     {"aten::embedding", r_embedding},
     {"aten::embedding_dense_backward", r_embedding_dense_backward},
     {"aten::_embedding_bag", r_embedding_bag},

@@ -539,3 +539,48 @@ KERNELS = {
     "aten::_fused_sgd_": _fused_sgd,
     "aten::_fused_sgd_.tensor_lr": _fused_sgd,
 }
+
+
+# ---- autograd formulas computed in float64 -----------------------------------
+# householder_product's backward is a long chain of float32 ops in PyTorch's
+# formula; on an ill-conditioned input its rounding errors reached 3x the
+# CPU's.  The forward lowering already computes in float64 (lower_linalg.c).
+# When derivatives may be needed, the AutogradPrivateUse1 kernel below
+# computes the product from differentiable float64 ops instead and rounds
+# once, so autograd, forward AD, double backward and torch.func transforms
+# all differentiate in float64.  Registered by _dispatch.install, so only
+# tpu tensors take it.
+
+
+def _householder_reference(A, tau):
+    """Q = H_1 ... H_k applied to the first n columns of I, H_i = I - tau_i v_i v_i^H
+    (LAPACK's orgqr), from differentiable tensor ops."""
+    m, n = A.shape[-2:]
+    Q = torch.eye(m, n, dtype=A.dtype, device=A.device).expand(*A.shape[:-2], m, n)
+    if tau.shape[-1] == 0:  # Q = I, still a function of A (zero gradient), as PyTorch's formula gives
+        return torch.where(torch.zeros_like(A, dtype=torch.bool), A, Q) + tau.sum(-1)[..., None, None].real * 0
+    rows = torch.arange(m, device=A.device)
+    for i in reversed(range(tau.shape[-1])):
+        v = A[..., :, i]
+        v = torch.where(rows < i, torch.zeros_like(v), torch.where(rows == i, torch.ones_like(v), v))
+        Q = Q - tau[..., i, None, None] * v.unsqueeze(-1) * (v.conj().unsqueeze(-2) @ Q)
+    return Q
+
+
+def _may_differentiate(*ts):
+    from torch.autograd import forward_ad
+
+    return torch.is_grad_enabled() or any(forward_ad.unpack_dual(t).tangent is not None for t in ts)
+
+
+def _householder_product(A, tau):
+    if A.dim() >= 2 and tau.dim() >= 1 and _may_differentiate(A, tau):
+        wide = torch.complex128 if A.is_complex() else torch.float64
+        return _householder_reference(A.to(wide), tau.to(wide)).to(A.dtype)
+    with torch._C._AutoDispatchBelowAutograd():
+        return torch.ops.aten.linalg_householder_product(A, tau)
+
+
+AUTOGRAD = {
+    "linalg_householder_product": _householder_product,
+}

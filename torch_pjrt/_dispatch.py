@@ -1096,6 +1096,10 @@ def install():
     for key in ("Conjugate", "Negative"):
         for name in ("_copy_from", "_copy_from_and_resize"):
             impl.impl(name, torch.library.fallthrough_kernel, key)
+    from ._composite import AUTOGRAD
+
+    for name, fn in AUTOGRAD.items():  # derivatives computed in float64 (see _composite)
+        impl.impl(name, fn, "AutogradPrivateUse1")
     _impl_lib = impl
     if os.environ.get("TORCH_PJRT_FAST_KERNELS", "1") == "0":
         fast_kernels(False)

@@ -410,6 +410,8 @@ class _Handler:
         schema = op._schema
         self.schema = schema
         self.args_schema = list(schema.arguments)
+        # the position of a Generator? argument (random ops), or None
+        self.generator_idx = next((i for i, a in enumerate(self.args_schema) if "Generator" in str(a.type)), None)
         self.is_out = any(a.is_out for a in self.args_schema) or schema.overload_name.startswith("out")
         base = schema.name.split("::")[1]
         self.is_inplace = base.endswith("_") and not self.is_out and bool(schema.returns) and (
@@ -712,14 +714,13 @@ class _Handler:
                     return True
         return False
 
-    @staticmethod
-    def _generator(vals):
-        for v in vals:
-            if isinstance(v, torch.Generator):
-                if v.device.type != "tpu":
-                    raise RuntimeError(f"Expected a 'tpu' device type for generator but found '{v.device.type}'")
-                return v
-        return None
+    def _generator(self, vals):
+        if self.generator_idx is None or self.generator_idx >= len(vals):
+            return None
+        g = vals[self.generator_idx]
+        if g is not None and g.device.type != "tpu":
+            raise RuntimeError(f"Expected a 'tpu' device type for generator but found '{g.device.type}'")
+        return g
 
     def _run(self, enc, refs, gen):
         """Run the lowering.  With a generator argument, random ops draw from

@@ -672,9 +672,14 @@ static tp_status *check_flag(tp_plugin *p, int device, flag_mode mode) {
                   text, device, m->op);
 }
 
+/* TORCH_PJRT_LAUNCH_BLOCKING=1, read once (under tp_storage_lock()). */
 static int launch_blocking(void) {
-  const char *v = getenv("TORCH_PJRT_LAUNCH_BLOCKING");
-  return v && v[0] == '1';
+  static int v = -1;
+  if (v < 0) {
+    const char *s = getenv("TORCH_PJRT_LAUNCH_BLOCKING");
+    v = s && s[0] == '1';
+  }
+  return v;
 }
 
 /* ---- views over flat storage values --------------------------------------------- */

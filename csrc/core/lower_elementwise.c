@@ -134,8 +134,9 @@ static void check_divisor(tp_emit *e, const tp_node *n, tp_val b) {
 /* fmod: C's fmod (truncated remainder) for floats and ints alike. */
 static void r_fmod(tp_emit *e, const tp_node *n, tp_val *o) {
   tp_type ct = common_type(e, n, 2, 0);
-  check_divisor(e, n, opnd(e, n, 1, &ct));
-  arith(e, n, o, "stablehlo.remainder", -1, 0);
+  tp_val b = opnd(e, n, 1, &ct);
+  check_divisor(e, n, b);
+  o[0] = finish(e, n, em_binary(e, "stablehlo.remainder", opnd(e, n, 0, &ct), b));
 }
 static void bitwise(tp_emit *e, const tp_node *n, tp_val *o, const char *op, const char *name) {
   tp_type ct = common_type(e, n, 2, 0);

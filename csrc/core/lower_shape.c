@@ -817,12 +817,10 @@ static void r_max_unpool(tp_emit *e, const tp_node *n, tp_val *o) {
   tp_val i2 = em_reshape(e, idx, 2, d2);
   lw_check_range(e, n, i2, 0, plane, TP_INVALID_ARGUMENT,
                  "Found an invalid max index: {} (output volumes are of size %s)", sizes);
-  tp_type it = tp_type_make(TP_I64, 2, d2);
-  tp_val ok = em_binary(e, "stablehlo.and", em_compare(e, "GE", i2, em_full(e, 0, &it)),
-                        em_compare(e, "LT", i2, em_full(e, (double)plane, &it)));
-  tp_val lin = add(e, i2, mul(e, em_iota(e, &it, 0), em_full(e, (double)plane, &it)));
-  int64_t total = planes * plane;
-  lin = em_select(e, ok, lin, em_full(e, (double)total, &it)); /* out of range: dropped */
+  tp_val coord[2] = {iota_i64(e, 2, d2, 0), i2};
+  int check[2] = {0, 1};
+  int64_t od[2] = {planes, plane}, total = planes * plane;
+  tp_val lin = linearize(e, coord, check, 2, od); /* out of range: past the end, dropped */
   tp_type ft = tp_type_make(xt.dt, 1, &total);
   tp_val res = em_scatter_flat(e, em_full(e, 0, &ft), flatten(e, lin), flatten(e, x), NULL);
   o[0] = reshape_to(e, res, OUT0);

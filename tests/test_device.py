@@ -74,6 +74,32 @@ def test_factories():
     assert e.shape == (3, 4)
 
 
+def test_factories_upload_nothing():
+    """A factory writes its whole tensor in the program: the fresh storage is
+    never filled with zeros from the host first (that was one upload of the
+    tensor's size per torch.zeros)."""
+    n = 1 << 16
+    for make in (lambda: torch.zeros(n, device="tpu"), lambda: torch.empty(n, device="tpu").zero_(),
+                 lambda: torch.full((n,), 2.5, device="tpu"), lambda: torch.randn(n, device="tpu"),
+                 lambda: torch.empty(n, device="tpu").uniform_()):
+        make()
+        before = torch_pjrt.metrics()["h2d_bytes"]
+        t = make()
+        torch.tpu.synchronize()
+        assert torch_pjrt.metrics()["h2d_bytes"] - before < 64
+    assert torch.equal(t.cpu() >= 0, torch.ones(n, dtype=torch.bool))
+    # A partial write into a never-written storage keeps its other elements
+    # (zeros here), through every dtype view of it.
+    e = torch.empty(4, 6, device="tpu")
+    e[1:3, ::2] = 7.0
+    assert torch.equal(e[1:3, ::2].cpu(), torch.full((2, 3), 7.0))
+    assert e.cpu()[0].eq(0).all()
+    b = torch.empty(7, dtype=torch.uint8, device="tpu")  # 7 bytes: read as bytes
+    b[2:5].view(torch.int8).fill_(-1)
+    assert b.cpu().tolist() == [0, 0, 255, 255, 255, 0, 0]
+    assert torch.equal(torch.empty(3, device="tpu").add(1).cpu(), torch.ones(3))
+
+
 def test_random_factories_are_seeded():
     torch.manual_seed(123)
     a = torch.rand(100, device="tpu").cpu()

@@ -389,6 +389,7 @@ struct tp_lower_ctx {
   tp_val st_param[MAX_STORAGES]; /* flat parameter, -1 until used */
   tp_val st_cur[MAX_STORAGES];   /* flat value after writes, -1 if unwritten */
   char st_read[MAX_STORAGES];    /* the program reads the storage's buffer */
+  char st_zero[MAX_STORAGES];    /* ... which does not exist yet: it reads as zeros */
   param_src *params;
   int nparams, capparams;
   int rng_used;
@@ -407,6 +408,7 @@ static int storage_index(tp_lower_ctx *c, tp_storage *s) {
   c->st_param[c->nst] = -1;
   c->st_cur[c->nst] = -1;
   c->st_read[c->nst] = 0;
+  c->st_zero[c->nst] = 0;
   return c->nst++;
 }
 
@@ -428,6 +430,7 @@ static int push_param(tp_lower_ctx *c, src_kind k, int idx, tp_dtype dt) {
 static tp_val storage_param(tp_emit *e, tp_lower_ctx *c, int s) {
   if (c->st_param[s] < 0) {
     tp_type t = tp_type_make(c->st_dt[s], 1, &c->st_numel[s]);
+    if (c->st_zero[s]) return c->st_param[s] = em_full(e, 0, &t); /* a constant: nothing to upload */
     if (push_param(c, SRC_STORAGE, s, c->st_dt[s]) < 0) return em_fail(e, TP_RESOURCE_EXHAUSTED, "out of memory");
     c->st_param[s] = em_param(e, &t);
   }
@@ -1067,6 +1070,7 @@ static void build_key(kbuf *k, tp_lower_ctx *c, const char *op, const tp_eager_a
   for (int s = 0; s < c->nst; s++) {
     kb_i64(k, c->st_read[s] ? c->st_dt[s] : -2);
     kb_i64(k, c->st_read[s] ? c->st_numel[s] : -2);
+    kb_i64(k, c->st_zero[s]);
   }
 }
 
@@ -1272,28 +1276,20 @@ done:
 
 /* ---- run -------------------------------------------------------------------------------- */
 
-static tp_status *zero_buffer(tp_plugin *p, tp_storage *s, tp_dtype dt) {
-  size_t nb = tp_storage_nbytes(s), es = tp_dtype_size(dt);
-  if (!es || nb % es) dt = TP_U8, es = 1;
-  void *z = calloc(nb + 1, 1);
-  if (!z) return tp_error(TP_RESOURCE_EXHAUSTED, "out of host memory");
-  int64_t n = (int64_t)(nb / es);
-  tp_buffer *b = NULL;
-  tp_status *st = tp_buffer_from_host(p, tp_storage_device(s), dt, &n, 1, z, &b);
-  free(z);
-  if (st) return st;
-  g_stats.h2d_transfers++;
-  g_stats.h2d_bytes += (int64_t)nb;
-  tp_storage_set_buffer(s, b);
-  return NULL;
-}
-
-static tp_status *need_read(tp_plugin *p, tp_lower_ctx *c, const tp_tensor_ref *r) {
+static tp_status *need_read(tp_lower_ctx *c, const tp_tensor_ref *r) {
   int s = storage_index(c, r->st);
   if (s < 0) return tp_error(TP_RESOURCE_EXHAUSTED, "too many distinct storages in one op");
   if (ref_numel(r) == 0) return NULL;
   c->st_read[s] = 1;
-  if (!tp_storage_buffer(r->st)) TP_RETURN_IF_ERROR(zero_buffer(p, r->st, r->dt));
+  if (!tp_storage_buffer(r->st) && !c->st_zero[s]) {
+    /* Never written (torch.empty): the program reads zeros, as the first
+     * dtype it is read as that divides the storage, else as bytes. */
+    size_t nb = tp_storage_nbytes(r->st), es = tp_dtype_size(r->dt);
+    int bytes = !es || nb % es;
+    c->st_zero[s] = 1;
+    c->st_dt[s] = bytes ? TP_U8 : r->dt;
+    c->st_numel[s] = (int64_t)(bytes ? nb : nb / es);
+  }
   return NULL;
 }
 
@@ -1304,16 +1300,16 @@ static tp_status *run_locked(tp_plugin *p, tp_lower_ctx *c, const char *op, cons
   int device = -1;
   c->args = args;
   c->nargs = nargs;
-  /* Index storages in a fixed order (inputs, then outputs) and make sure
-   * every storage that is read has a buffer. */
+  /* Index storages in a fixed order (inputs, then outputs) and note which
+   * are read, and which of those have no buffer yet. */
   for (int i = 0; i < nargs; i++) {
     if (args[i].a.kind == TP_ARG_TENSOR) {
-      TP_RETURN_IF_ERROR(need_read(p, c, args[i].t));
+      TP_RETURN_IF_ERROR(need_read(c, args[i].t));
       if (device < 0) device = tp_storage_device(args[i].t->st);
     } else if (args[i].a.kind == TP_ARG_TENSORS) {
       for (int j = 0; j < args[i].a.n; j++)
         if (args[i].ts[j]) {
-          TP_RETURN_IF_ERROR(need_read(p, c, args[i].ts[j]));
+          TP_RETURN_IF_ERROR(need_read(c, args[i].ts[j]));
           if (device < 0) device = tp_storage_device(args[i].ts[j]->st);
         }
     }
@@ -1321,7 +1317,7 @@ static tp_status *run_locked(tp_plugin *p, tp_lower_ctx *c, const char *op, cons
   int64_t total_out = 0;
   for (int i = 0; i < nouts; i++) {
     if (storage_index(c, outs[i].st) < 0) return tp_error(TP_RESOURCE_EXHAUSTED, "too many storages");
-    if (!full_cover(&outs[i])) TP_RETURN_IF_ERROR(need_read(p, c, &outs[i]));
+    if (!full_cover(&outs[i])) TP_RETURN_IF_ERROR(need_read(c, &outs[i]));
     if (device < 0) device = tp_storage_device(outs[i].st);
     total_out += ref_numel(&outs[i]);
   }
@@ -1329,8 +1325,13 @@ static tp_status *run_locked(tp_plugin *p, tp_lower_ctx *c, const char *op, cons
   c->device = device;
   for (int s = 0; s < c->nst; s++) {
     tp_buffer *b = tp_storage_buffer(c->st[s]);
-    c->st_dt[s] = b ? tp_buffer_dtype(b) : TP_DTYPE_INVALID;
-    c->st_numel[s] = b ? tp_buffer_numel(b) : -1;
+    if (b) {
+      c->st_dt[s] = tp_buffer_dtype(b);
+      c->st_numel[s] = tp_buffer_numel(b);
+    } else if (!c->st_zero[s]) {
+      c->st_dt[s] = TP_DTYPE_INVALID;
+      c->st_numel[s] = -1;
+    }
     if (tp_storage_device(c->st[s]) != device)
       return tp_error(TP_INVALID_ARGUMENT,
                       "Expected all tensors to be on the same device, but found at least two devices, tpu:%d and tpu:%d!",

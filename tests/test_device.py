@@ -24,6 +24,13 @@ def test_device_module():
     torch.tpu.synchronize()
     free, total = torch.tpu.mem_get_info()
     assert 0 < free <= total
+    props = torch.tpu.get_device_properties(0)  # attributes, as torch.cuda's
+    assert props.name == name and props.total_memory == total and props.platform == "cpu"
+    assert "xla_cpu_pjrt" in props.plugin and "total_memory=" in repr(props)
+    t = torch.ones(1 << 18, device="tpu")
+    summary = torch.tpu.memory_summary()
+    assert "tpu:0" in summary and f"{torch.tpu.memory_allocated() / (1 << 20):,.1f} MiB" in summary
+    del t
 
 
 def test_set_device():

@@ -123,11 +123,28 @@ def get_device_name(device=None) -> str:
     return f"{kind} (PJRT plugin {info['platform']}, {info['path']}, device {idx})"
 
 
-def get_device_properties(device=None):
+class _DeviceProperties:
+    """What torch.tpu.get_device_properties returns: attributes, like
+    torch.cuda's _CudaDeviceProperties (name, total_memory), plus what
+    backs the device (platform, plugin, xla_version, pjrt_api_version)."""
+
+    __slots__ = ("name", "total_memory", "platform", "plugin", "xla_version", "pjrt_api_version")
+
+    def __init__(self, **kw):
+        for k in self.__slots__:
+            setattr(self, k, kw[k])
+
+    def __repr__(self):
+        return (f"_TpuDeviceProperties(name={self.name!r}, platform={self.platform!r}, "
+                f"total_memory={self.total_memory // (1 << 20)}MB, pjrt_api_version={self.pjrt_api_version!r})")
+
+
+def get_device_properties(device=None) -> _DeviceProperties:
     idx = _index(device)
     info = _C.info()
-    return {"name": get_device_name(idx), "platform": info["platform"], "plugin": info["path"],
-            "xla_version": info["xla_version"], "pjrt_api_version": info["api_version"]}
+    return _DeviceProperties(name=get_device_name(idx), total_memory=mem_get_info(idx)[1], platform=info["platform"],
+                             plugin=info["path"], xla_version=info["xla_version"],
+                             pjrt_api_version=info["api_version"])
 
 
 # ---- random numbers ---------------------------------------------------------
@@ -232,6 +249,24 @@ def memory_stats(device=None) -> dict:
     in_use, peak, live = _C.mem_stats(_index(device))
     return {"allocated_bytes.all.current": in_use, "allocated_bytes.all.peak": peak,
             "active.all.current": live}
+
+
+def memory_summary(device=None, abbreviated=False) -> str:
+    """A short report of tpu memory, like torch.cuda.memory_summary (there is
+    no caching allocator, so there are no pool or segment statistics)."""
+    idx = _index(device)
+    in_use, peak, live = _C.mem_stats(idx)
+    free, total = mem_get_info(idx)
+
+    def mb(n):
+        return f"{n / (1 << 20):,.1f} MiB"
+
+    return "\n".join([
+        f"torch-pjrt memory summary, device tpu:{idx} ({get_device_name(idx)})",
+        f"  allocated (current): {mb(in_use)} in {live} buffers",
+        f"  allocated (peak):    {mb(peak)}",
+        f"  device free / total: {mb(free)} / {mb(total)}",
+    ])
 
 
 def mem_get_info(device=None):

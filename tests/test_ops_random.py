@@ -305,6 +305,26 @@ def test_normal_mean_std():
     assert torch.equal(torch.empty(10, device=DEV).normal_(2.5, 0.0).cpu(), torch.full((10,), 2.5))
 
 
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.complex128])
+def test_complex_randn_rand_normal(dtype):
+    """Complex tensors are filled through their real view, as on the CPU:
+    randn's parts each have variance 1/2 (E|z|^2 = 1); normal_(mean, std)
+    gives both parts that mean and std / sqrt(2); rand's parts are in [0, 1)."""
+    n = 200_000
+    z = torch.randn(n, dtype=dtype, device=DEV).cpu()
+    assert z.dtype == dtype
+    for part in (z.real.double(), z.imag.double()):
+        assert abs(part.mean().item()) < 6 / math.sqrt(2 * n)
+        assert abs(part.var().item() - 0.5) < 0.02
+    assert abs(z.real.double().mul(z.imag.double()).mean().item()) < 0.01  # the parts are independent
+    w = torch.empty(n, dtype=dtype, device=DEV).normal_(1.0, 2.0).cpu()
+    for part in (w.real.double(), w.imag.double()):
+        assert abs(part.mean().item() - 1.0) < 0.02 and abs(part.std().item() - math.sqrt(2)) < 0.02
+    u = torch.rand(n, dtype=dtype, device=DEV).cpu()
+    for part in (u.real, u.imag):
+        assert 0 <= part.min() and part.max() < 1 and abs(part.double().mean().item() - 0.5) < 0.01
+
+
 def test_normal_tensor_overloads():
     n = 200_000
     mean = torch.linspace(-5, 5, n)

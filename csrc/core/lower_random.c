@@ -231,6 +231,21 @@ static int out_is_float(tp_emit *e, const tp_node *n, const char *what) {
   return 0;
 }
 
+/* A complex tensor is filled through its real view, as PyTorch's CPU and
+ * CUDA kernels do: `flat` holds 2 * numel parts (re, im, re, im, ...) of
+ * the part dtype; the result is the complex output. */
+static tp_val complex_from_parts(tp_emit *e, const tp_node *n, tp_val flat) {
+  tp_dtype dt = OUT0->dt;
+  int64_t cnt = out_numel(n, 0), pairs[2] = {cnt, 2}, lo[2] = {0, 0}, hi[2] = {cnt, 1}, lo1[2] = {0, 1},
+          hi1[2] = {cnt, 2};
+  tp_val p = em_reshape(e, flat, 2, pairs);
+  tp_val parts[2] = {em_reshape(e, em_slice(e, p, lo, hi, NULL), 1, &cnt),
+                     em_reshape(e, em_slice(e, p, lo1, hi1, NULL), 1, &cnt)};
+  tp_type t = tp_type_make(dt, 1, &cnt);
+  return shape_out(e, n, 0, em_op(e, "stablehlo.complex", NULL, parts, 2, &t));
+}
+static tp_dtype part_dtype(tp_dtype dt) { return dt == TP_C64 ? TP_F32 : dt == TP_C128 ? TP_F64 : dt; }
+
 /* ---- exact values of a float dtype ---------------------------------------- */
 
 static double f16_value(uint16_t h) {
@@ -270,17 +285,18 @@ static double below(double x, tp_dtype dt) {
 /* uniform(self, from, to): from + u * (to - from), u in [0, 1); rounding can
  * reach `to`, so the result is clamped to the largest value below `to`. */
 static void uniform_core(tp_emit *e, const tp_node *n, tp_val *o, double from, double to) {
-  if (!out_is_float(e, n, "uniform_")) return;
+  int cplx = tp_dtype_is_complex(OUT0->dt);
+  if (!cplx && !out_is_float(e, n, "uniform_")) return;
   if (!(from <= to))
     return (void)em_fail(e, TP_INVALID_ARGUMENT, "uniform_ expects to return a [from, to) range, but found from=%g > to=%g",
                          from, to);
-  tp_dtype dt = OUT0->dt, ct = lw_opmath(dt);
+  tp_dtype dt = part_dtype(OUT0->dt), ct = lw_opmath(dt);
   rng r = rng_open(e, n);
-  tp_val u = uniform01(e, &r, out_numel(n, 0), ct, U_CO);
+  tp_val u = uniform01(e, &r, out_numel(n, 0) * (cplx ? 2 : 1), ct, U_CO);
   tp_val v = bin_k(e, "stablehlo.add", bin_k(e, "stablehlo.multiply", u, to - from), from);
   v = em_convert(e, v, dt);
   if (from < to && isfinite(to)) v = bin_k(e, "stablehlo.minimum", v, below(to, dt));
-  o[0] = shape_out(e, n, 0, v);
+  o[0] = cplx ? complex_from_parts(e, n, v) : shape_out(e, n, 0, v);
 }
 static void r_uniform(tp_emit *e, const tp_node *n, tp_val *o) {
   uniform_core(e, n, o, lw_float(n, 1, 0.0), lw_float(n, 2, 1.0));
@@ -298,13 +314,16 @@ static int check_std(tp_emit *e, double std, const char *op) {
 }
 
 static void normal_core(tp_emit *e, const tp_node *n, tp_val *o, double mean, double std) {
-  if (!out_is_float(e, n, "normal_")) return;
+  int cplx = tp_dtype_is_complex(OUT0->dt);
+  if (!cplx && !out_is_float(e, n, "normal_")) return;
   if (!check_std(e, std, "normal")) return;
-  tp_dtype dt = OUT0->dt, ct = lw_opmath(dt);
+  /* complex: each part has half the variance */
+  if (cplx) std /= sqrt(2.0);
+  tp_dtype dt = part_dtype(OUT0->dt), ct = lw_opmath(dt);
   rng r = rng_open(e, n);
-  tp_val z = normal01(e, &r, out_numel(n, 0), ct);
-  tp_val v = bin_k(e, "stablehlo.add", bin_k(e, "stablehlo.multiply", z, std), mean);
-  o[0] = shape_out(e, n, 0, em_convert(e, v, dt));
+  tp_val z = normal01(e, &r, out_numel(n, 0) * (cplx ? 2 : 1), ct);
+  tp_val v = em_convert(e, bin_k(e, "stablehlo.add", bin_k(e, "stablehlo.multiply", z, std), mean), dt);
+  o[0] = cplx ? complex_from_parts(e, n, v) : shape_out(e, n, 0, v);
 }
 /* normal_(self, mean, std) / normal_functional / normal.out */
 static void r_normal_(tp_emit *e, const tp_node *n, tp_val *o) {

@@ -343,6 +343,23 @@ def test_max_unpool(dim):
         assert _uses_rule(f"aten::max_unpool{dim}d")
 
 
+@pytest.mark.parametrize("mode", ["bilinear", "bicubic"])
+@pytest.mark.parametrize("align_corners", [False, True])
+def test_interpolate_antialias(mode, align_corners):
+    """antialias=True (torchvision's Resize on tensors): the filter widens by
+    the scale when downsampling; C lowerings of _upsample_*2d_aa and their
+    backward, compared with the CPU kernels."""
+    for (h, w), size, sf in [((16, 16), (8, 8), None), ((17, 23), (5, 9), None), ((8, 8), (19, 13), None),
+                             ((10, 12), None, (0.3, 0.45)), ((9, 7), (9, 14), None)]:
+        kw = dict(size=size, scale_factor=sf, mode=mode, align_corners=align_corners, antialias=True)
+        for dtype in (torch.float32, torch.float64):
+            check(lambda x: F.interpolate(x, **kw), rnd(2, 3, h, w, dtype=dtype), grad=True, rtol=1e-5, atol=1e-5)
+    assert _uses_rule(f"aten::_upsample_{mode}2d_aa") and _uses_rule(f"aten::_upsample_{mode}2d_aa_backward")
+    with pytest.raises(NotImplementedError, match="convert the input to a float dtype"):
+        F.interpolate(torch.zeros(1, 1, 4, 4, dtype=torch.uint8, device="tpu"), size=(2, 2), mode=mode,
+                      antialias=True).cpu()
+
+
 def test_nll_loss_ignore_index_and_1d():
     x = rnd(5, 4)
     t = torch.tensor([3, 1, 1, 0, 2])

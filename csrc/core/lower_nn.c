@@ -1876,6 +1876,144 @@ static void r_upsample_bilinear2d_bw(tp_emit *e, const tp_node *n, tp_val *o) { 
 static void r_upsample_trilinear3d_bw(tp_emit *e, const tp_node *n, tp_val *o) { upsample_linear_backward(e, n, o, 3); }
 
 
+/* ---- antialiased interpolation (_upsample_bilinear2d_aa / _upsample_bicubic2d_aa) -------------- */
+
+/* The aa filters of PyTorch's CPU kernels (the bicubic one with a = -0.5, as PIL). */
+static double aa_filter(double x, int cubic) {
+  x = fabs(x);
+  if (!cubic) return x < 1.0 ? 1.0 - x : 0.0;
+  const double a = -0.5;
+  if (x < 1.0) return ((a + 2.0) * x - (a + 3.0)) * x * x + 1.0;
+  if (x < 2.0) return ((a * x - 5.0 * a) * x + 8.0 * a) * x - 4.0 * a;
+  return 0.0;
+}
+
+/* Along one dim: output j reads inputs xmin[j] + k, k < *K, with weight
+ * w[j * K + k] (0 past its window; the index is then clamped into range).
+ * The filter widens by the scale when downsampling, so every input pixel
+ * contributes.  Returns 0, or -1 when out of memory. */
+static int aa_weights(const tp_node *n, int si, int align, int64_t in, int64_t out, int cubic, int64_t *K,
+                      int64_t **idx, double **w) {
+  double scale;
+  if (align) scale = out > 1 ? (double)(in - 1) / (double)(out - 1) : 0.0;
+  else if (!lw_is_none(n, si) && lw_float(n, si, 0) > 0) scale = 1.0 / lw_float(n, si, 0);
+  else scale = (double)in / (double)out;
+  double support = (cubic ? 2.0 : 1.0) * (scale >= 1.0 ? scale : 1.0);
+  double invscale = scale >= 1.0 ? 1.0 / scale : 1.0;
+  *K = (int64_t)ceil(support) * 2 + 1;
+  *idx = malloc(sizeof(int64_t) * (size_t)(out * *K));
+  *w = calloc((size_t)(out * *K), sizeof(double));
+  if (!*idx || !*w) {
+    free(*idx);
+    free(*w);
+    return -1;
+  }
+  for (int64_t j = 0; j < out; j++) {
+    double center = scale * ((double)j + 0.5), total = 0.0;
+    int64_t lo = (int64_t)(center - support + 0.5), hi = (int64_t)(center + support + 0.5);
+    if (lo < 0) lo = 0;
+    if (hi > in) hi = in;
+    for (int64_t k = 0; k < *K; k++) {
+      int64_t src = lo + k;
+      (*idx)[j * *K + k] = src < in ? src : in - 1;
+      if (src < hi) total += (*w)[j * *K + k] = aa_filter(((double)src - center + 0.5) * invscale, cubic);
+    }
+    if (total != 0.0)
+      for (int64_t k = 0; k < *K; k++) (*w)[j * *K + k] /= total;
+  }
+  return 0;
+}
+
+/* x (or, backward, the gradient g) with dim d resampled through the weights:
+ * forward  out[j] = sum_k w[j, k] x[idx[j, k]];
+ * backward in[idx[j, k]] += w[j, k] g[j]. */
+static tp_val aa_apply(tp_emit *e, tp_val x, int d, int64_t in, int64_t out, int64_t K, const int64_t *idx,
+                       const double *w, int backward) {
+  tp_dtype ct = em_type(e, x)->dt;
+  int64_t *ik = malloc(sizeof(int64_t) * (size_t)out);
+  double *wk = malloc(sizeof(double) * (size_t)out);
+  tp_val acc = -1;
+  if (!ik || !wk) {
+    free(ik);
+    free(wk);
+    return em_fail(e, TP_RESOURCE_EXHAUSTED, "out of memory building a program");
+  }
+  int64_t dd = d;
+  for (int64_t k = 0; k < K; k++) {
+    int any = 0;
+    for (int64_t j = 0; j < out; j++) {
+      ik[j] = idx[j * K + k];
+      wk[j] = w[j * K + k];
+      any |= wk[j] != 0.0;
+    }
+    if (!any) continue;
+    tp_val term;
+    if (backward) {
+      tp_type gt = *em_type(e, x);
+      term = scatter_add_dim(e, mul(e, x, bcast(e, const_f(e, wk, out, ct), &gt, &dd)), d, ik, in);
+    } else {
+      tp_val g = gather_dim(e, x, d, ik, out);
+      tp_type gt = *em_type(e, g);
+      term = mul(e, g, bcast(e, const_f(e, wk, out, ct), &gt, &dd));
+    }
+    acc = acc < 0 ? term : add(e, acc, term);
+  }
+  free(ik);
+  free(wk);
+  if (acc < 0) { /* no weights at all (an empty dim) */
+    tp_type zt = *em_type(e, x);
+    zt.dims[d] = backward ? in : out;
+    acc = em_full(e, 0, &zt);
+  }
+  return acc;
+}
+
+/* _upsample_{bilinear,bicubic}2d_aa(self, output_size, align_corners, scales_h, scales_w) and
+ * their _backward(grad_output, output_size, input_size, align_corners, scales_h, scales_w):
+ * separable, the last dim first (forward); the backward is the transpose. */
+static void upsample_aa(tp_emit *e, const tp_node *n, tp_val *o, int cubic, int backward) {
+  tp_dtype dt = n->outs[0].dt;
+  if (!tp_dtype_is_float(dt)) {
+    o[0] = em_fail(e, TP_UNIMPLEMENTED, "%s: antialiased interpolation of %s tensors is not supported on tpu; "
+                   "convert the input to a float dtype first", n->op, tp_dtype_name(dt));
+    return;
+  }
+  tp_dtype ct = lw_opmath(dt);
+  tp_val x = lw_tensor(e, n, 0, ct);
+  tp_type t = *em_type(e, x);
+  int align = lw_bool(n, backward ? 3 : 2, 0), si = backward ? 4 : 3;
+  if (t.rank != 4 || n->outs[0].rank != 4) {
+    o[0] = em_fail(e, TP_INVALID_ARGUMENT, "%s: expected a 4-d tensor, got %d-d", n->op, t.rank);
+    return;
+  }
+  for (int q = 0; q < 2 && !em_failed(e); q++) {
+    int i = backward ? q : 1 - q, d = 2 + i;
+    /* sizes of the forward's input and output along d */
+    int64_t in = backward ? n->outs[0].dims[d] : t.dims[d], out = backward ? t.dims[d] : n->outs[0].dims[d];
+    if (in == out && !align) continue;
+    if (in == 0 || out == 0) {
+      tp_type zt = *em_type(e, x);
+      zt.dims[d] = backward ? in : out;
+      x = em_full(e, 0, &zt);
+      continue;
+    }
+    int64_t K, *idx;
+    double *w;
+    if (aa_weights(n, si + i, align, in, out, cubic, &K, &idx, &w) < 0) {
+      o[0] = em_fail(e, TP_RESOURCE_EXHAUSTED, "out of memory building a program");
+      return;
+    }
+    x = aa_apply(e, x, d, in, out, K, idx, w, backward);
+    free(idx);
+    free(w);
+  }
+  o[0] = em_convert(e, x, dt);
+}
+static void r_upsample_bilinear2d_aa(tp_emit *e, const tp_node *n, tp_val *o) { upsample_aa(e, n, o, 0, 0); }
+static void r_upsample_bicubic2d_aa(tp_emit *e, const tp_node *n, tp_val *o) { upsample_aa(e, n, o, 1, 0); }
+static void r_upsample_bilinear2d_aa_bw(tp_emit *e, const tp_node *n, tp_val *o) { upsample_aa(e, n, o, 0, 1); }
+static void r_upsample_bicubic2d_aa_bw(tp_emit *e, const tp_node *n, tp_val *o) { upsample_aa(e, n, o, 1, 1); }
+
 /* ---- group norm ------------------------------------------------------------------------------- */
 
 /* native_group_norm(input, weight?, bias?, N, C, HxW, group, eps) -> (out, mean [N, G], rstd [N, G]) */
@@ -2005,6 +2143,10 @@ const tp_lower_entry tp_lower_nn[] = {
     {"aten::upsample_linear1d_backward", r_upsample_linear1d_bw},
     {"aten::upsample_bilinear2d_backward", r_upsample_bilinear2d_bw},
     {"aten::upsample_trilinear3d_backward", r_upsample_trilinear3d_bw},
+    {"aten::_upsample_bilinear2d_aa", r_upsample_bilinear2d_aa},
+    {"aten::_upsample_bicubic2d_aa", r_upsample_bicubic2d_aa},
+    {"aten::_upsample_bilinear2d_aa_backward", r_upsample_bilinear2d_aa_bw},
+    {"aten::_upsample_bicubic2d_aa_backward", r_upsample_bicubic2d_aa_bw},
     {"aten::convolution", r_convolution},
     {"aten::convolution_backward", r_convolution_backward},
     {"aten::native_layer_norm", r_layer_norm},

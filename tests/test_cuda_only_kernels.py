@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.nn as nn
 
+import torch_pjrt
 from torch_pjrt import _composite
 
 
@@ -297,6 +298,62 @@ def test_grid_sample_backward(mode, padding_mode, align_corners):
         res.append([t.cpu() for t in (y, *torch.autograd.grad(y, (xd, gd), go.to(dev)))])
     for a, b in zip(res[1], res[0]):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("mode", ["bilinear", "nearest"])
+@pytest.mark.parametrize("padding_mode", ["zeros", "border", "reflection"])
+@pytest.mark.parametrize("align_corners", [False, True])
+def test_grid_sample_3d(mode, padding_mode, align_corners):
+    """5-d grid_sample (grid_sampler_3d: PyTorch has only CPU/CUDA kernels),
+    forward and backward, float32 and float64."""
+    import torch.nn.functional as F
+
+    for dtype in (torch.float32, torch.float64):
+        torch.manual_seed(0)
+        x = torch.randn(2, 3, 4, 5, 6, dtype=dtype)
+        grid = torch.rand(2, 3, 4, 2, 3, dtype=dtype) * 2.6 - 1.3  # some points outside [-1, 1]
+        go = torch.randn(2, 3, 3, 4, 2, dtype=dtype)
+        res = []
+        for dev in ("cpu", "tpu"):
+            xd, gd = x.to(dev).requires_grad_(), grid.to(dev).requires_grad_()
+            y = F.grid_sample(xd, gd, mode=mode, padding_mode=padding_mode, align_corners=align_corners)
+            res.append([t.cpu() for t in (y, *torch.autograd.grad(y, (xd, gd), go.to(dev)))])
+        for a, b in zip(res[1], res[0]):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    with pytest.raises(RuntimeError, match="bicubic interpolation only supports 4D input"):
+        torch.ops.aten.grid_sampler_3d(x.to("tpu"), grid.to("tpu"), 2, 0, False)
+
+
+@pytest.mark.parametrize("case", ["grid2d_bilinear", "grid2d_bicubic", "grid2d_nearest", "grid3d", "bicubic_up"])
+def test_cpu_only_backward_in_compiled_graphs(case):
+    """These ops' backward kernels exist only for CPU/CUDA; on tpu autograd
+    differentiates their forward's tpu ops, which also works when AOTAutograd
+    traces a compiled graph (a backward computed with torch.func could not be
+    traced)."""
+    import torch.nn.functional as F
+
+    torch.manual_seed(0)
+    if case == "bicubic_up":
+        args = (torch.randn(2, 3, 5, 6),)
+
+        def f(x):
+            return F.interpolate(x, scale_factor=1.5, mode="bicubic", align_corners=True).sin().sum()
+    else:
+        five = case == "grid3d"
+        args = (torch.randn(2, 3, *([4] * (3 if five else 2))), torch.rand(2, 3, 2, *([3] if five else []),
+                                                                            3 if five else 2) * 2.4 - 1.2)
+        mode = "bilinear" if five else case.split("_")[1]
+
+        def f(x, g):
+            return F.grid_sample(x, g, mode=mode, padding_mode="reflection", align_corners=False).sin().sum()
+    want_args = [a.clone().requires_grad_() for a in args]
+    f(*want_args).backward()
+    got_args = [a.to("tpu").requires_grad_() for a in args]
+    before = torch_pjrt.metrics()["graphs_eager"]
+    torch.compile(f, backend="tpu")(*got_args).backward()
+    assert torch_pjrt.metrics()["graphs_eager"] == before  # every graph lowered whole
+    for a, b in zip(got_args, want_args):
+        torch.testing.assert_close(a.grad.cpu(), b.grad, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("align_corners", [False, True])

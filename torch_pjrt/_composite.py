@@ -509,7 +509,74 @@ def _upsample_bicubic2d_backward(grad_output, output_size, input_size, align_cor
     return vjp(grad_output)[0]
 
 
+def _grid_sampler_3d(input, grid, interpolation_mode=0, padding_mode=0, align_corners=False):
+    """F.grid_sample on 5-d inputs (PyTorch has kernels only, no
+    decomposition): trilinear (0) or nearest (1) sampling of input
+    [N, C, D, H, W] at grid [N, oD, oH, oW, 3] = (x, y, z) in [-1, 1], with
+    zeros (0), border (1) or reflection (2) padding, as the CPU kernel."""
+    torch._check(interpolation_mode in (0, 1),
+                 lambda: "grid_sampler(): bicubic interpolation only supports 4D input" if interpolation_mode == 2
+                 else f"grid_sampler(): invalid interpolation mode {interpolation_mode}")
+    torch._check(padding_mode in (0, 1, 2), lambda: f"grid_sampler(): invalid padding mode {padding_mode}")
+    torch._check(input.dim() == 5 and grid.dim() == 5 and grid.shape[-1] == 3 and grid.shape[0] == input.shape[0],
+                 lambda: f"grid_sampler(): expected a 5-D input and a 5-D grid [N, D, H, W, 3] with the input's "
+                         f"batch size, got input {tuple(input.shape)} and grid {tuple(grid.shape)}")
+    N, C, iD, iH, iW = input.shape
+    oD, oH, oW = grid.shape[1:4]
+
+    def source(coord, size):
+        # [-1, 1] -> [0, size - 1] (align_corners) or [-0.5, size - 0.5], then the padding rule
+        c = ((coord + 1) * (size - 1) / 2) if align_corners else (((coord + 1) * size - 1) / 2)
+        if padding_mode == 1:
+            return c.clamp(0, size - 1)
+        if padding_mode == 2:
+            lo2, hi2 = (0, 2 * (size - 1)) if align_corners else (-1, 2 * size - 1)
+            if lo2 == hi2:
+                c = torch.zeros_like(c)
+            else:
+                lo, span = lo2 / 2, (hi2 - lo2) / 2
+                d = (c - lo).abs()
+                extra = torch.fmod(d, span)
+                flips = (d / span).floor()
+                c = torch.where(torch.fmod(flips, 2) == 0, extra + lo, span + lo - extra)
+            return c.clamp(0, size - 1)
+        return c
+
+    ix, iy, iz = (source(grid[..., k], size) for k, size in enumerate((iW, iH, iD)))
+    n_idx = torch.arange(N, device=input.device).view(N, 1, 1, 1, 1)
+    c_idx = torch.arange(C, device=input.device).view(1, C, 1, 1, 1)
+
+    def tap(x, y, z, w):
+        """w * input at integer coordinates (x, y, z); 0 outside the volume."""
+        inside = (x >= 0) & (x < iW) & (y >= 0) & (y < iH) & (z >= 0) & (z < iD)
+        xi, yi, zi = (torch.where(inside, t, 0).to(torch.int64).unsqueeze(1) for t in (x, y, z))
+        v = input[n_idx, c_idx, zi, yi, xi]
+        return v * torch.where(inside, w, 0).unsqueeze(1).to(v.dtype)
+
+    if interpolation_mode == 1:
+        return tap(ix.round(), iy.round(), iz.round(), torch.ones_like(ix))
+    x0, y0, z0 = ix.floor(), iy.floor(), iz.floor()
+    x1, y1, z1 = x0 + 1, y0 + 1, z0 + 1
+    out = None
+    for z, wz in ((z0, z1 - iz), (z1, iz - z0)):
+        for y, wy in ((y0, y1 - iy), (y1, iy - y0)):
+            for x, wx in ((x0, x1 - ix), (x1, ix - x0)):
+                t = tap(x, y, z, wx * wy * wz)
+                out = t if out is None else out + t
+    return out
+
+
+def _grid_sampler_3d_backward(grad_output, input, grid, interpolation_mode, padding_mode, align_corners,
+                              output_mask):
+    _, vjp = torch.func.vjp(lambda x, g: _grid_sampler_3d(x, g, interpolation_mode, padding_mode, align_corners),
+                            input, grid)
+    grad_input, grad_grid = vjp(grad_output)
+    return grad_input if output_mask[0] else None, grad_grid if output_mask[1] else None
+
+
 KERNELS = {
+    "aten::grid_sampler_3d": _grid_sampler_3d,
+    "aten::grid_sampler_3d_backward": _grid_sampler_3d_backward,
     "aten::multilabel_margin_loss_forward": _multilabel_margin_loss_forward,
     "aten::grid_sampler_2d_backward": _grid_sampler_2d_backward,
     "aten::upsample_bicubic2d_backward": _upsample_bicubic2d_backward,
@@ -581,6 +648,59 @@ def _householder_product(A, tau):
         return torch.ops.aten.linalg_householder_product(A, tau)
 
 
+# Ops whose backward PyTorch has only as CPU/CUDA kernels (grid_sample,
+# bicubic upsampling): when derivatives may be needed, the forward runs as
+# differentiable tpu ops (PyTorch's decomposition, or ours for 3-d
+# grid_sample) and autograd differentiates those.  This is also what makes
+# them differentiable in compiled graphs: AOTAutograd traces through this
+# kernel, and a backward computed with torch.func inside a traced graph
+# cannot be.
+
+
+def _differentiable_forward(name, forward):
+    def kernel(*args, **kwargs):
+        if _may_differentiate(*[a for a in args if isinstance(a, torch.Tensor)]):
+            return forward()(*args, **kwargs)
+        with torch._C._AutoDispatchBelowAutograd():
+            return getattr(torch.ops.aten, name).default(*args, **kwargs)
+
+    return kernel
+
+
+class _ZeroGradOf(torch.autograd.Function):
+    """out, linked to `src` with a zero gradient (nearest grid sampling: the
+    CPU's backward returns zeros for the grid, not None)."""
+
+    @staticmethod
+    def forward(ctx, out, src):
+        ctx.src_shape = src.shape
+        return out.view_as(out)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g, g.new_zeros(ctx.src_shape)
+
+
+def _grid_sampler(name, forward):
+    def sample(input, grid, interpolation_mode, padding_mode, align_corners):
+        out = forward()(input, grid, interpolation_mode, padding_mode, align_corners)
+        return _ZeroGradOf.apply(out, grid) if interpolation_mode == 1 and grid.requires_grad else out
+
+    return _differentiable_forward(name, lambda: sample)
+
+
+def _torch_decomposition(name):
+    def get():
+        from torch._decomp import decomposition_table
+
+        return decomposition_table[getattr(torch.ops.aten, name).default]
+
+    return get
+
+
 AUTOGRAD = {
     "linalg_householder_product": _householder_product,
+    "grid_sampler_2d": _grid_sampler("grid_sampler_2d", _torch_decomposition("grid_sampler_2d")),
+    "grid_sampler_3d": _grid_sampler("grid_sampler_3d", lambda: _grid_sampler_3d),
+    "upsample_bicubic2d": _differentiable_forward("upsample_bicubic2d", _torch_decomposition("upsample_bicubic2d")),
 }

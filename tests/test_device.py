@@ -296,9 +296,9 @@ def test_unsupported_op_names_op_and_fallback():
     x = torch.randn(4, 4, device="tpu")
     torch_pjrt.set_cpu_fallback(False)
     with pytest.raises(NotImplementedError) as info:
-        torch.linalg.eig(x)  # aten::linalg_eig has no lowering
+        torch.segment_reduce(x, "sum", lengths=torch.tensor([1, 3], device="tpu"))  # no lowering
     msg = str(info.value)
-    assert "aten::linalg_eig" in msg and "TORCH_PJRT_CPU_FALLBACK=1" in msg
+    assert "aten::segment_reduce" in msg and "TORCH_PJRT_CPU_FALLBACK=1" in msg
 
 
 def test_cpu_fallback_runs_and_counts():
@@ -306,11 +306,25 @@ def test_cpu_fallback_runs_and_counts():
     torch_pjrt.reset_cpu_fallback_counts()
     torch_pjrt.set_cpu_fallback(True)
     try:
-        r = torch.linalg.eig(x.to("tpu")).eigenvalues
+        r = torch.segment_reduce(x.to("tpu"), "max", lengths=torch.tensor([1, 3], device="tpu"))
     finally:
         torch_pjrt.set_cpu_fallback(False)
     assert r.device.type == "tpu"
-    assert torch.allclose(r.cpu(), torch.linalg.eig(x).eigenvalues)
+    assert torch.equal(r.cpu(), torch.segment_reduce(x, "max", lengths=torch.tensor([1, 3])))
+    assert torch_pjrt.cpu_fallback_counts().get("aten::segment_reduce") == 1
+
+
+def test_eig_computed_on_the_host():
+    """linalg.eig has no XLA form; as CUDA does (MAGMA), it runs on the host,
+    without the fallback switch, and is counted like a fallback."""
+    x = torch.randn(3, 4, 4)
+    torch_pjrt.reset_cpu_fallback_counts()
+    w, v = torch.linalg.eig(x.to("tpu"))
+    want_w, want_v = torch.linalg.eig(x)
+    assert w.device.type == "tpu" and w.dtype == torch.complex64
+    torch.testing.assert_close(w.cpu(), want_w)
+    torch.testing.assert_close(v.cpu(), want_v)
+    torch.testing.assert_close(torch.linalg.eigvals(x.to("tpu")).cpu(), want_w)
     assert torch_pjrt.cpu_fallback_counts().get("aten::linalg_eig") == 1
 
 

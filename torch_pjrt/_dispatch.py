@@ -57,6 +57,7 @@ def reset_cpu_fallback_counts():
 
 # Ops whose output shape depends on the data: computed on the host, always.
 # (A PJRT program needs static shapes.)  They are counted like fallbacks.
+# Also algorithms that CUDA, too, runs on the host.
 _HOST_OPS = {
     "aten::nonzero",
     "aten::masked_select",
@@ -67,6 +68,10 @@ _HOST_OPS = {
     "aten::repeat_interleave.Tensor",
     "aten::bincount",
     "aten::histc",
+    # The general (non-symmetric) eigendecomposition has no XLA form; CUDA
+    # computes it on the host too (MAGMA's geev).
+    "aten::linalg_eig",
+    "aten::_linalg_eigvals",
 }
 
 # --------------------------------------------------------------------------
@@ -1090,6 +1095,14 @@ def install():
             impl.impl(op, _kernel(h), "PrivateUse2")
             if not _register_fast(h):
                 impl.impl(op, _kernel(h), "PrivateUse1")
+    # Copies onto the device also run while a dispatch mode is active yet
+    # their tensors are real: torch.tensor(data, device="tpu") inside
+    # torch.compile copies its data under FakeTensorMode.  PyTorch then routes
+    # a Python kernel through the mode's interpreter, which finds per-op
+    # registrations only (a boxed fallback is not one: an internal assert),
+    # so these copies get their own registration.
+    for name in ("_copy_from", "_copy_from_and_resize"):
+        impl.impl(name, functools.partial(_fallback, getattr(torch.ops.aten, name).default), "PrivateUse1")
     # copy_ hands a conjugate/negative view to _copy_from unresolved; the
     # generic Conjugate/Negative fallback would resolve it with clone, which
     # copies through _copy_from again, without end (a stack overflow, as in

@@ -24,6 +24,10 @@ static const dtype_info kInfos[] = {
     {TP_C128, 16, "complex128", "complex<f64>", PJRT_Buffer_Type_C128},
     {TP_BOOL, 1, "bool", "i1", PJRT_Buffer_Type_PRED},
     {TP_BF16, 2, "bfloat16", "bf16", PJRT_Buffer_Type_BF16},
+    {TP_F8E5M2, 1, "float8_e5m2", "f8E5M2", PJRT_Buffer_Type_F8E5M2},
+    {TP_F8E4M3FN, 1, "float8_e4m3fn", "f8E4M3FN", PJRT_Buffer_Type_F8E4M3FN},
+    {TP_F8E5M2FNUZ, 1, "float8_e5m2fnuz", "f8E5M2FNUZ", PJRT_Buffer_Type_F8E5M2FNUZ},
+    {TP_F8E4M3FNUZ, 1, "float8_e4m3fnuz", "f8E4M3FNUZ", PJRT_Buffer_Type_F8E4M3FNUZ},
     {TP_U16, 2, "uint16", "ui16", PJRT_Buffer_Type_U16},
     {TP_U32, 4, "uint32", "ui32", PJRT_Buffer_Type_U32},
     {TP_U64, 8, "uint64", "ui64", PJRT_Buffer_Type_U64},
@@ -63,8 +67,12 @@ tp_dtype tp_dtype_from_pjrt(int pjrt_type) {
   return TP_DTYPE_INVALID;
 }
 
+int tp_dtype_is_f8(tp_dtype dt) {
+  return dt == TP_F8E5M2 || dt == TP_F8E4M3FN || dt == TP_F8E5M2FNUZ || dt == TP_F8E4M3FNUZ;
+}
+
 int tp_dtype_is_float(tp_dtype dt) {
-  return dt == TP_F16 || dt == TP_BF16 || dt == TP_F32 || dt == TP_F64;
+  return dt == TP_F16 || dt == TP_BF16 || dt == TP_F32 || dt == TP_F64 || tp_dtype_is_f8(dt);
 }
 
 int tp_dtype_is_complex(tp_dtype dt) { return dt == TP_C64 || dt == TP_C128; }

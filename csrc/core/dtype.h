@@ -22,6 +22,10 @@ typedef enum tp_dtype {
   TP_C128 = 10,
   TP_BOOL = 11,
   TP_BF16 = 15,
+  TP_F8E5M2 = 23,
+  TP_F8E4M3FN = 24,
+  TP_F8E5M2FNUZ = 25,
+  TP_F8E4M3FNUZ = 26,
   TP_U16 = 27,
   TP_U32 = 28,
   TP_U64 = 29,
@@ -38,7 +42,8 @@ const char *tp_dtype_mlir(tp_dtype dt);
 int tp_dtype_to_pjrt(tp_dtype dt);
 tp_dtype tp_dtype_from_pjrt(int pjrt_type);
 
-int tp_dtype_is_float(tp_dtype dt);   /* f16, bf16, f32, f64 */
+int tp_dtype_is_float(tp_dtype dt);   /* f8 (the four float8 types), f16, bf16, f32, f64 */
+int tp_dtype_is_f8(tp_dtype dt);
 int tp_dtype_is_complex(tp_dtype dt);
 int tp_dtype_is_int(tp_dtype dt);     /* signed or unsigned integers, not bool */
 int tp_dtype_is_unsigned(tp_dtype dt);

@@ -441,6 +441,8 @@ static tp_val cb_scalar(tp_emit *e, const tp_node *n, int i, tp_dtype dt) {
   tp_lower_ctx *c = n->ctx;
   if (i < 0 || i >= c->nargs || c->args[i].a.kind != TP_ARG_SCALAR)
     return em_fail(e, TP_INTERNAL, "%s: argument %d is not a scalar", n->op, i);
+  /* float8 scalars travel as f32 (their bytes are not worth a converter here) */
+  if (tp_dtype_is_f8(dt)) return em_convert(e, cb_scalar(e, n, i, TP_F32), dt);
   /* One parameter per (argument, dtype). */
   for (int k = 0; k < c->nparams; k++)
     if (c->params[k].kind == SRC_SCALAR && c->params[k].idx == i && c->params[k].dt == dt) return c->params[k].val;

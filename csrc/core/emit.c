@@ -339,6 +339,15 @@ tp_val em_convert(tp_emit *e, tp_val x, tp_dtype dt) {
     x = em_convert(e, x, TP_U8);
     t.dt = TP_U8;
   }
+  if (dt == TP_F8E4M3FN && t.dt != TP_BOOL) {
+    /* PyTorch saturates at the largest float8_e4m3fn, +-448 (infinities
+     * too); XLA's convert gives NaN beyond it. */
+    if (!tp_dtype_is_float(t.dt) || tp_dtype_is_f8(t.dt)) {
+      x = em_convert(e, x, TP_F32);
+      t.dt = TP_F32;
+    }
+    x = em_clamp(e, em_const(e, -448.0, t.dt), x, em_const(e, 448.0, t.dt));
+  }
   t.dt = dt;
   return emit_line(e, "stablehlo.convert", NULL, &x, 1, &t);
 }

@@ -160,6 +160,10 @@ const char *tp_scalar_type_name(tp_dtype d) {
     case TP_F64: return "Double";
     case TP_BOOL: return "Bool";
     case TP_BF16: return "BFloat16";
+    case TP_F8E5M2: return "Float8_e5m2";
+    case TP_F8E4M3FN: return "Float8_e4m3fn";
+    case TP_F8E5M2FNUZ: return "Float8_e5m2fnuz";
+    case TP_F8E4M3FNUZ: return "Float8_e4m3fnuz";
     case TP_C64: return "ComplexFloat";
     case TP_C128: return "ComplexDouble";
     default: return tp_dtype_name(d);
@@ -255,7 +259,7 @@ tp_dtype lw_result_type(tp_emit *e, const tp_node *n, const int *idx, int k) {
   return r == TP_DTYPE_INVALID ? TP_F32 : r;
 }
 
-tp_dtype lw_opmath(tp_dtype dt) { return (dt == TP_F16 || dt == TP_BF16) ? TP_F32 : dt; }
+tp_dtype lw_opmath(tp_dtype dt) { return (dt == TP_F16 || dt == TP_BF16 || tp_dtype_is_f8(dt)) ? TP_F32 : dt; }
 
 int lw_dim(int64_t d, int rank) {
   int r = rank > 0 ? rank : 1;

@@ -880,6 +880,29 @@ static void addprod(tp_emit *e, const tp_node *n, tp_val *o, int sum_batch, int 
   o[0] = to_out(e, n, 0, r);
 }
 static void r_addmm(tp_emit *e, const tp_node *n, tp_val *o) { addprod(e, n, o, 0, 0); }
+/* _scaled_mm(self, mat2, scale_a, scale_b, bias?, scale_result?, out_dtype?, use_fast_accum):
+ * float8 matmul as PyTorch's CPU kernel computes it: (self * scale_a) @ (mat2 * scale_b)
+ * in f32, + bias, divided by scale_result for a float8 result, rounded once to the
+ * output dtype.  Scales are one value each, or rowwise ([M, 1] and [1, N]). */
+static void r_scaled_mm(tp_emit *e, const tp_node *n, tp_val *o) {
+  tp_val a = em_convert(e, lw_value(e, n, 0), TP_F32), b = em_convert(e, lw_value(e, n, 1), TP_F32);
+  if (em_failed(e)) return;
+  if (em_type(e, a)->rank != 2 || em_type(e, b)->rank != 2 || em_type(e, a)->dims[1] != em_type(e, b)->dims[0]) {
+    o[0] = em_fail(e, TP_INVALID_ARGUMENT, "%s: expected 2-d matrices that can be multiplied", n->op);
+    return;
+  }
+  tp_type at = *em_type(e, a), bt = *em_type(e, b);
+  a = mul(e, a, lw_operand(e, n, 2, &at));
+  b = mul(e, b, lw_operand(e, n, 3, &bt));
+  int64_t lc = 1, rc = 0;
+  tp_val r = em_dot(e, a, b, NULL, NULL, 0, &lc, &rc, 1, TP_F32);
+  tp_type rt = *em_type(e, r);
+  if (!lw_is_none(n, 4)) r = add(e, r, lw_operand(e, n, 4, &rt));
+  if (tp_dtype_is_f8(n->outs[0].dt) && !lw_is_none(n, 5))
+    r = mul(e, r, lw_bin(e, "stablehlo.divide", kl(e, r, 1.0), lw_operand(e, n, 5, &rt)));
+  o[0] = to_out(e, n, 0, r);
+}
+
 static void r_addbmm(tp_emit *e, const tp_node *n, tp_val *o) { addprod(e, n, o, 1, 0); }
 static void r_addmm_act(tp_emit *e, const tp_node *n, tp_val *o) { addprod(e, n, o, 0, lw_bool(n, 5, 0) ? 2 : 1); }
 
@@ -1117,6 +1140,7 @@ const tp_lower_entry tp_lower_reduce[] = {
     {"aten::dot", r_mm},
     {"aten::vdot", r_vdot},
     {"aten::addmm", r_addmm},
+    {"aten::_scaled_mm", r_scaled_mm},
     {"aten::baddbmm", r_addmm},
     {"aten::addmv", r_addmm},
     {"aten::addbmm", r_addbmm},

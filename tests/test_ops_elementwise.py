@@ -1190,3 +1190,32 @@ def test_shift_operators(dtype):
     y >>= s.to("tpu")
     yc >>= s
     assert torch.equal(y.cpu(), yc)
+
+
+FILLS = {
+    "full": lambda d, dt, v: torch.full((2,), v, dtype=dt, device=d),
+    "fill_": lambda d, dt, v: torch.zeros(2, dtype=dt, device=d).fill_(v),
+    "masked_fill": lambda d, dt, v: torch.zeros(2, dtype=dt, device=d).masked_fill(torch.tensor([True, False], device=d), v),
+    "index_fill": lambda d, dt, v: torch.zeros(2, dtype=dt, device=d).index_fill(0, torch.tensor([1], device=d), v),
+    "scatter": lambda d, dt, v: torch.zeros(2, dtype=dt, device=d).scatter(0, torch.tensor([1], device=d), v),
+    "clamp": lambda d, dt, v: torch.zeros(2, dtype=dt, device=d).clamp(max=v),
+}
+
+
+@pytest.mark.parametrize("op", sorted(FILLS))
+@pytest.mark.parametrize("dtype,value", [
+    (torch.uint8, 300), (torch.uint8, -300), (torch.int8, 200), (torch.int16, 1e6), (torch.int32, 2 ** 40),
+    (torch.float16, 1e6), (torch.bfloat16, 1e39), (torch.float32, 1e39),  # overflow: CPU raises
+    (torch.uint8, -1), (torch.int32, 2.5), (torch.float16, float("inf")), (torch.float32, -3e38),
+    (torch.float64, 1e300), (torch.int64, -2 ** 63)])  # fit (or wrap, as PyTorch allows)
+def test_scalar_overflow_raises_like_cpu(op, dtype, value):
+    """fill_/full/masked_fill/index_fill/scatter/clamp convert their scalar to
+    the tensor's dtype with PyTorch's overflow check, instead of wrapping."""
+    fn = FILLS[op]
+    try:
+        want = fn("cpu", dtype, value)
+    except RuntimeError as e:
+        with pytest.raises(RuntimeError, match=re.escape(str(e))):
+            fn("tpu", dtype, value).cpu()
+        return
+    assert torch.equal(fn("tpu", dtype, value).cpu(), want)

@@ -1,7 +1,9 @@
 /* eager.c - one-op programs: build, cache, execute (see eager.h). */
 #include "eager.h"
 
+#include <float.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1295,10 +1297,48 @@ static tp_status *need_read(tp_lower_ctx *c, const tp_tensor_ref *r) {
   return NULL;
 }
 
+/* PyTorch's checked conversion of a scalar argument to the output dtype
+ * (c10::checked_convert): integers must be in range (unsigned ones may wrap
+ * from negatives down to -max); finite values must not exceed a float
+ * type's largest finite value; bool, float64 and complex128 take anything. */
+static tp_status *check_scalar_fits(const tp_arg *a, tp_dtype dt) {
+  int isf = tp_dtype_is_float(a->sdt) || tp_dtype_is_complex(a->sdt);
+  double v = isf ? a->f : (double)a->i;
+  const char *name = NULL;
+  double lo = 0, hi = 0;
+  switch (dt) {
+    case TP_I8: name = "int8_t", lo = INT8_MIN, hi = INT8_MAX; break;
+    case TP_I16: name = "int16_t", lo = INT16_MIN, hi = INT16_MAX; break;
+    case TP_I32: name = "int", lo = INT32_MIN, hi = INT32_MAX; break;
+    case TP_I64: name = "int64_t", lo = -0x1p63, hi = 0x1p63; break;
+    case TP_U8: name = "uint8_t", hi = UINT8_MAX; break;
+    case TP_U16: name = "uint16_t", hi = UINT16_MAX; break;
+    case TP_U32: name = "uint32_t", hi = UINT32_MAX; break;
+    case TP_U64: name = "uint64_t", hi = 0x1p64; break;
+    case TP_F16: name = "c10::Half", hi = 65504.0; break;
+    case TP_BF16: name = "c10::BFloat16", hi = 0x1.fep127; break;
+    case TP_F32: name = "float", hi = FLT_MAX; break;
+    case TP_C64: name = "c10::complex<float>", hi = FLT_MAX; break;
+    case TP_F8E4M3FN: name = "c10::Float8_e4m3fn", hi = 448.0; break;
+    case TP_F8E5M2: name = "c10::Float8_e5m2", hi = 57344.0; break;
+    case TP_F8E4M3FNUZ: name = "c10::Float8_e4m3fnuz", hi = 240.0; break;
+    case TP_F8E5M2FNUZ: name = "c10::Float8_e5m2fnuz", hi = 57344.0; break;
+    default: return NULL;
+  }
+  int bad;
+  if (!tp_dtype_is_int(dt)) bad = isfinite(v) && fabs(v) > hi;
+  else if (tp_dtype_is_unsigned(dt)) bad = dt == TP_U64 ? fabs(v) >= hi : fabs(v) > hi;
+  else bad = v < lo || (dt == TP_I64 ? v >= hi : v > hi); /* the int64 bound is 2^63 */
+  return bad ? tp_error(TP_INVALID_ARGUMENT, "value cannot be converted to type %s without overflow", name) : NULL;
+}
+
 static tp_status *run_locked(tp_plugin *p, tp_lower_ctx *c, const char *op, const tp_eager_arg *args, int nargs,
                              const tp_type *out_types, const tp_tensor_ref *outs, int nouts) {
-  tp_lower_fn fn = tp_lower_find(op);
+  unsigned fits;
+  tp_lower_fn fn = tp_lower_find_ex(op, &fits);
   if (!fn) return tp_error(TP_UNIMPLEMENTED, "no lowering for %s", op);
+  for (int i = 0; fits && i < nargs && nouts > 0; i++)
+    if ((fits >> i & 1u) && args[i].a.kind == TP_ARG_SCALAR) TP_RETURN_IF_ERROR(check_scalar_fits(&args[i].a, outs[0].dt));
   int device = -1;
   c->args = args;
   c->nargs = nargs;

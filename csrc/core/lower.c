@@ -48,17 +48,41 @@ static void build_index(void) {
   for (size_t i = 0; i < g_count; i++) g_names[i] = g_sorted[i]->name;
 }
 
-tp_lower_fn tp_lower_find(const char *op) {
+/* The ops whose PyTorch kernels convert scalar argument i to the output's
+ * dtype with an overflow check (Scalar::to<T>, c10::checked_convert): bit i. */
+#define FITS(i) (1u << (i))
+static const struct {
+  const char *op;
+  unsigned args;
+} k_scalar_fits[] = {
+    {"aten::fill.Scalar", FITS(1)},        {"aten::fill_.Scalar", FITS(1)},
+    {"aten::full", FITS(1)},               {"aten::masked_fill.Scalar", FITS(2)},
+    {"aten::index_fill.int_Scalar", FITS(3)}, {"aten::scatter.value", FITS(3)},
+    {"aten::clamp", FITS(1) | FITS(2)},    {"aten::clamp_min", FITS(1)},
+    {"aten::clamp_max", FITS(1)},
+};
+
+tp_lower_fn tp_lower_find_ex(const char *op, unsigned *scalar_fits) {
   pthread_once(&g_once, build_index);
   size_t lo = 0, hi = g_count;
+  *scalar_fits = 0;
   while (lo < hi) {
     size_t mid = (lo + hi) / 2;
     int c = strcmp(g_sorted[mid]->name, op);
-    if (c == 0) return g_sorted[mid]->fn;
+    if (c == 0) {
+      for (size_t k = 0; k < sizeof k_scalar_fits / sizeof k_scalar_fits[0]; k++)
+        if (!strcmp(k_scalar_fits[k].op, op)) *scalar_fits = k_scalar_fits[k].args;
+      return g_sorted[mid]->fn;
+    }
     if (c < 0) lo = mid + 1;
     else hi = mid;
   }
   return NULL;
+}
+
+tp_lower_fn tp_lower_find(const char *op) {
+  unsigned fits;
+  return tp_lower_find_ex(op, &fits);
 }
 
 const char *const *tp_lower_names(void) {

@@ -68,6 +68,11 @@ typedef void (*tp_lower_fn)(tp_emit *e, const tp_node *n, tp_val *outs);
 
 /* Look up the rule for an op name ("aten::add.Tensor"); NULL if none. */
 tp_lower_fn tp_lower_find(const char *op);
+/* The same, and the op's scalar arguments that PyTorch converts to the
+ * output's dtype with an overflow check (bit i: argument i), as its
+ * fill_/masked_fill/clamp/... kernels do ("value cannot be converted to
+ * type uint8_t without overflow"). */
+tp_lower_fn tp_lower_find_ex(const char *op, unsigned *scalar_fits);
 /* Every op name in the table, NULL-terminated (for docs and tests). */
 const char *const *tp_lower_names(void);
 

@@ -285,19 +285,24 @@ def test_ctc_loss_unbatched_and_errors():
 @pytest.mark.parametrize("padding_mode", ["zeros", "border", "reflection"])
 @pytest.mark.parametrize("align_corners", [False, True])
 def test_grid_sample_backward(mode, padding_mode, align_corners):
-    import torch.nn.functional as F
-
     torch.manual_seed(0)
     x = torch.randn(2, 3, 5, 6)
     grid = torch.rand(2, 4, 3, 2) * 2.4 - 1.2  # some points outside [-1, 1]
-    go = torch.randn(2, 3, 4, 3)
+    _grid_sample_matches_cpu(x, grid, torch.randn(2, 3, 4, 3), 1e-4, mode=mode, padding_mode=padding_mode,
+                             align_corners=align_corners)
+
+
+def _grid_sample_matches_cpu(x, grid, go, tol, **kwargs):
+    """grid_sample's output and its input and grid gradients on tpu match the CPU's."""
+    import torch.nn.functional as F
+
     res = []
     for dev in ("cpu", "tpu"):
         xd, gd = x.to(dev).requires_grad_(), grid.to(dev).requires_grad_()
-        y = F.grid_sample(xd, gd, mode=mode, padding_mode=padding_mode, align_corners=align_corners)
+        y = F.grid_sample(xd, gd, **kwargs)
         res.append([t.cpu() for t in (y, *torch.autograd.grad(y, (xd, gd), go.to(dev)))])
     for a, b in zip(res[1], res[0]):
-        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(a, b, rtol=tol, atol=tol)
 
 
 @pytest.mark.parametrize("mode", ["bilinear", "nearest"])
@@ -306,20 +311,12 @@ def test_grid_sample_backward(mode, padding_mode, align_corners):
 def test_grid_sample_3d(mode, padding_mode, align_corners):
     """5-d grid_sample (grid_sampler_3d: PyTorch has only CPU/CUDA kernels),
     forward and backward, float32 and float64."""
-    import torch.nn.functional as F
-
     for dtype in (torch.float32, torch.float64):
         torch.manual_seed(0)
         x = torch.randn(2, 3, 4, 5, 6, dtype=dtype)
         grid = torch.rand(2, 3, 4, 2, 3, dtype=dtype) * 2.6 - 1.3  # some points outside [-1, 1]
-        go = torch.randn(2, 3, 3, 4, 2, dtype=dtype)
-        res = []
-        for dev in ("cpu", "tpu"):
-            xd, gd = x.to(dev).requires_grad_(), grid.to(dev).requires_grad_()
-            y = F.grid_sample(xd, gd, mode=mode, padding_mode=padding_mode, align_corners=align_corners)
-            res.append([t.cpu() for t in (y, *torch.autograd.grad(y, (xd, gd), go.to(dev)))])
-        for a, b in zip(res[1], res[0]):
-            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+        _grid_sample_matches_cpu(x, grid, torch.randn(2, 3, 3, 4, 2, dtype=dtype), 1e-5, mode=mode,
+                                 padding_mode=padding_mode, align_corners=align_corners)
     with pytest.raises(RuntimeError, match="bicubic interpolation only supports 4D input"):
         torch.ops.aten.grid_sampler_3d(x.to("tpu"), grid.to("tpu"), 2, 0, False)
 

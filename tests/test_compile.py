@@ -345,3 +345,28 @@ def test_tensor_constants_made_on_the_device_inside_a_graph():
     x = torch.randn(3, 2)
     out = torch.compile(f, backend="tpu")(x.to("tpu"))
     torch.testing.assert_close(out.cpu(), f(x))
+
+
+@pytest.mark.parametrize("sign", [1, -1])
+def test_torch_cond_lowered_into_the_program(sign):
+    """torch.cond: both branches in the program, each output selected by the
+    predicate; forward and backward graphs stay whole."""
+    def f(m, x, y):
+        a, b = torch.cond(x.sum() > 0, lambda p, q: (m(p).sin() + q, p * 2), lambda p, q: (m(p).cos() - q, p + 1),
+                          (x, y))
+        return (a * b).sum()
+
+    torch.manual_seed(0)
+    x, y = torch.randn(4, 3).abs() * sign, torch.randn(4, 3)
+    mc = torch.nn.Linear(3, 3)
+    mt = torch.nn.Linear(3, 3).to("tpu")
+    mt.load_state_dict(mc.state_dict())
+    want = f(mc, x, y)
+    want.backward()
+    before = torch_pjrt.metrics()
+    got = torch.compile(f, backend="tpu")(mt, x.to("tpu"), y.to("tpu"))
+    got.backward()
+    after = torch_pjrt.metrics()
+    assert after["graphs_eager"] == before["graphs_eager"]
+    torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(mt.weight.grad.cpu(), mc.weight.grad, rtol=1e-5, atol=1e-5)

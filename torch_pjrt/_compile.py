@@ -154,6 +154,8 @@ class GraphProgram:
         for n in graph.nodes:
             if n.op == "get_attr" and n not in host:
                 t = getattr(gm, n.target)
+                if isinstance(t, torch.fx.GraphModule):
+                    continue  # a torch.cond branch, lowered where the cond is
                 if not isinstance(t, torch.Tensor):
                     raise Unsupported(f"attribute {n.target}")
                 param(n, ("const", t), t)
@@ -220,6 +222,9 @@ class GraphProgram:
                 raise Unsupported(f"getitem on {src.name}")
             values[n] = ids[idx]
             return
+        if n.target is torch.ops.higher_order.cond:
+            values[n] = self._add_cond(n, values)
+            return
         if not isinstance(n.target, torch._ops.OpOverload):
             raise Unsupported(f"call to {n.target}")
         if n.target is torch.ops.aten.copy_.default and getattr(n.args[0], "op", None) == "placeholder":
@@ -261,6 +266,35 @@ class GraphProgram:
                 ids.append(first + k)
                 k += 1
         return tuple(ids) if multi else ids[0]
+
+    def _add_cond(self, n, values):
+        """torch.cond(pred, true_fn, false_fn, operands): both branches are
+        lowered into the program and each output selected by pred (a
+        program has no data-dependent control flow here; the branches are
+        functional, so computing the other one changes no result)."""
+        pred, true_node, false_node, operands = n.args
+        if not isinstance(pred, torch.fx.Node):
+            raise Unsupported("torch.cond with a constant predicate")
+        pid = self._arg(pred, values, False)
+        branches = []
+        for node in (true_node, false_node):
+            sub = getattr(self.gm, node.target)
+            inner = dict(zip([p for p in sub.graph.nodes if p.op == "placeholder"],
+                             [values.get(o) for o in operands]))
+            for m in sub.graph.nodes:
+                if m.op == "call_function":
+                    self._add(m, inner)
+                elif m.op == "get_attr":
+                    raise Unsupported("a torch.cond branch with attributes")
+                elif m.op == "output":
+                    outs = m.args[0]
+            ids = [inner.get(o) for o in outs]
+            if not all(isinstance(i, int) for i in ids):
+                raise Unsupported("torch.cond branch outputs")
+            branches.append(ids)
+        vals = n.meta.get("val")
+        return tuple(_C.graph_add(self.gid, "aten::where.self", (pid, ("V", t), ("V", f)), [_type(v)])
+                     for t, f, v in zip(branches[0], branches[1], vals))
 
     def _add_foreach(self, n, values):
         """_foreach_<op>: one node per list element, with the per-tensor op."""

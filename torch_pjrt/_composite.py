@@ -522,7 +522,6 @@ def _grid_sampler_3d(input, grid, interpolation_mode=0, padding_mode=0, align_co
                  lambda: f"grid_sampler(): expected a 5-D input and a 5-D grid [N, D, H, W, 3] with the input's "
                          f"batch size, got input {tuple(input.shape)} and grid {tuple(grid.shape)}")
     N, C, iD, iH, iW = input.shape
-    oD, oH, oW = grid.shape[1:4]
 
     def source(coord, size):
         # [-1, 1] -> [0, size - 1] (align_corners) or [-0.5, size - 0.5], then the padding rule

@@ -26,28 +26,6 @@ static const tp_lower_entry *const k_fragments[] = {
     tp_lower_fft,
 };
 
-static const tp_lower_entry **g_sorted;
-static const char **g_names;
-static size_t g_count;
-static pthread_once_t g_once = PTHREAD_ONCE_INIT;
-
-static int cmp_entry(const void *a, const void *b) {
-  return strcmp((*(const tp_lower_entry *const *)a)->name, (*(const tp_lower_entry *const *)b)->name);
-}
-
-static void build_index(void) {
-  size_t n = 0;
-  for (size_t f = 0; f < sizeof k_fragments / sizeof k_fragments[0]; f++)
-    for (const tp_lower_entry *e = k_fragments[f]; e->name; e++) n++;
-  g_sorted = calloc(n + 1, sizeof *g_sorted);
-  g_names = calloc(n + 1, sizeof *g_names);
-  if (!g_sorted || !g_names) return;
-  for (size_t f = 0; f < sizeof k_fragments / sizeof k_fragments[0]; f++)
-    for (const tp_lower_entry *e = k_fragments[f]; e->name; e++) g_sorted[g_count++] = e;
-  qsort(g_sorted, g_count, sizeof *g_sorted, cmp_entry);
-  for (size_t i = 0; i < g_count; i++) g_names[i] = g_sorted[i]->name;
-}
-
 /* The ops whose PyTorch kernels convert scalar argument i to the output's
  * dtype with an overflow check (Scalar::to<T>, c10::checked_convert): bit i. */
 #define FITS(i) (1u << (i))
@@ -62,6 +40,34 @@ static const struct {
     {"aten::clamp_max", FITS(1)},
 };
 
+static const tp_lower_entry **g_sorted;
+static const char **g_names;
+static unsigned *g_fits; /* k_scalar_fits per sorted entry, looked up once */
+static size_t g_count;
+static pthread_once_t g_once = PTHREAD_ONCE_INIT;
+
+static int cmp_entry(const void *a, const void *b) {
+  return strcmp((*(const tp_lower_entry *const *)a)->name, (*(const tp_lower_entry *const *)b)->name);
+}
+
+static void build_index(void) {
+  size_t n = 0;
+  for (size_t f = 0; f < sizeof k_fragments / sizeof k_fragments[0]; f++)
+    for (const tp_lower_entry *e = k_fragments[f]; e->name; e++) n++;
+  g_sorted = calloc(n + 1, sizeof *g_sorted);
+  g_names = calloc(n + 1, sizeof *g_names);
+  g_fits = calloc(n + 1, sizeof *g_fits);
+  if (!g_sorted || !g_names || !g_fits) return;
+  for (size_t f = 0; f < sizeof k_fragments / sizeof k_fragments[0]; f++)
+    for (const tp_lower_entry *e = k_fragments[f]; e->name; e++) g_sorted[g_count++] = e;
+  qsort(g_sorted, g_count, sizeof *g_sorted, cmp_entry);
+  for (size_t i = 0; i < g_count; i++) {
+    g_names[i] = g_sorted[i]->name;
+    for (size_t k = 0; k < sizeof k_scalar_fits / sizeof k_scalar_fits[0]; k++)
+      if (!strcmp(k_scalar_fits[k].op, g_names[i])) g_fits[i] = k_scalar_fits[k].args;
+  }
+}
+
 tp_lower_fn tp_lower_find_ex(const char *op, unsigned *scalar_fits) {
   pthread_once(&g_once, build_index);
   size_t lo = 0, hi = g_count;
@@ -70,8 +76,7 @@ tp_lower_fn tp_lower_find_ex(const char *op, unsigned *scalar_fits) {
     size_t mid = (lo + hi) / 2;
     int c = strcmp(g_sorted[mid]->name, op);
     if (c == 0) {
-      for (size_t k = 0; k < sizeof k_scalar_fits / sizeof k_scalar_fits[0]; k++)
-        if (!strcmp(k_scalar_fits[k].op, op)) *scalar_fits = k_scalar_fits[k].args;
+      *scalar_fits = g_fits[mid];
       return g_sorted[mid]->fn;
     }
     if (c < 0) lo = mid + 1;

@@ -53,6 +53,40 @@ def test_round_trip(dtype):
     assert torch.equal(t.cpu(), x)
 
 
+def test_module_to_keeps_parameter_objects():
+    """As for CUDA, .to("tpu") swaps each parameter's data in place: tied
+    weights stay one Parameter, an optimizer made before the move updates the
+    model's parameters, and grads move along."""
+    torch.manual_seed(0)
+    cpu = torch.nn.Sequential(torch.nn.Embedding(10, 4), torch.nn.Linear(4, 10, bias=False))
+    cpu[1].weight = cpu[0].weight
+    tpu = torch.nn.Sequential(torch.nn.Embedding(10, 4), torch.nn.Linear(4, 10, bias=False))
+    tpu[1].weight = tpu[0].weight
+    tpu.load_state_dict(cpu.state_dict())
+    params = list(tpu.parameters())
+    opts = [torch.optim.SGD(m.parameters(), lr=0.5) for m in (cpu, tpu)]
+    tpu.to("tpu")
+    assert tpu[1].weight is tpu[0].weight is params[0] and len(list(tpu.parameters())) == 1
+    assert params[0].device.type == "tpu"
+    losses = []
+    for m, opt, dev in [(cpu, opts[0], "cpu"), (tpu, opts[1], "tpu")]:
+        x = torch.arange(10, device=dev)
+        for _ in range(3):
+            loss = torch.nn.functional.cross_entropy(m(x), x)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        losses.append(loss.item())
+    assert losses[0] == pytest.approx(losses[1], rel=1e-5)
+    assert tpu[0].weight.grad.device.type == "tpu"
+    tpu.cpu()
+    assert tpu[0].weight is params[0] and params[0].device.type == "cpu" and params[0].grad.device.type == "cpu"
+    torch.testing.assert_close(params[0], cpu[0].weight, rtol=1e-5, atol=1e-6)
+    p = torch.nn.Parameter(torch.zeros(2))
+    p.data = torch.ones(2, device="tpu")  # .data across devices, as with CUDA
+    assert p.device.type == "tpu" and p.sum().item() == 2
+
+
 def test_round_trip_views():
     x = torch.randn(6, 8)
     t = x.to("tpu")

@@ -146,6 +146,27 @@ at::Tensor& set_empty(at::Tensor& self) {
   return set_storage(self, std::move(storage), 0, {0}, {});
 }
 
+// Whether `self.data = from` may swap self's contents in place.  ATen's
+// answer lists CUDA and the other built-in accelerators next to the CPU but
+// not PrivateUse1, so Module.to("tpu") would make new Parameter objects:
+// weights tied by sharing one Parameter would come apart, and an optimizer
+// built before .to() would hold stale ones.  Dense tpu and CPU tensors are as
+// interchangeable as dense CUDA and CPU tensors.
+bool has_compatible_shallow_copy_type(const at::Tensor& self,
+                                      const at::Tensor& from) {
+  if (self.unsafeGetTensorImpl()->has_compatible_shallow_copy_type(
+          from.key_set()))
+    return true;
+  constexpr auto backends = c10::DispatchKeySet(
+      {c10::BackendComponent::CPUBit, c10::BackendComponent::PrivateUse1Bit});
+  auto dense = [&](const at::Tensor& t) {
+    const c10::DispatchKeySet ks = t.key_set();
+    return ks.has(c10::DispatchKey::Dense) && ks.has_any(backends) &&
+           t.layout() == at::kStrided;
+  };
+  return dense(self) && dense(from);
+}
+
 } // namespace
 } // namespace torch_pjrt
 
@@ -169,4 +190,5 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("set_.source_Storage", at::native::set_);       // -> set_storage
   m.impl("set_.source_Tensor", at::native::set_tensor_); // -> set_storage
   m.impl("set_", set_empty);
+  m.impl("_has_compatible_shallow_copy_type", has_compatible_shallow_copy_type);
 }

@@ -370,3 +370,33 @@ def test_torch_cond_lowered_into_the_program(sign):
     assert after["graphs_eager"] == before["graphs_eager"]
     torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(mt.weight.grad.cpu(), mc.weight.grad, rtol=1e-5, atol=1e-5)
+
+
+def test_expanded_outputs_and_saved_tensors():
+    """Graph outputs with stride 0 (expand(), also tensors autograd saves, as
+    a GNN's expanded scatter index) come back as expanded views, like the CPU's."""
+    from util import all_graphs_lowered
+
+    torch._dynamo.reset()
+    x = torch.randn(3, 5)
+    with all_graphs_lowered():
+        out = torch.compile(lambda x: (x * 2)[:, None].expand(-1, 4, -1), backend="tpu")(x.to("tpu"))
+    ref = (x * 2)[:, None].expand(-1, 4, -1)
+    assert out.shape == ref.shape and out.stride() == ref.stride()
+    torch.testing.assert_close(out.cpu(), ref)
+
+    def gnn(x, w, src, dst):
+        h = x[src] @ w
+        agg = torch.zeros_like(x).scatter_reduce(0, dst[:, None].expand(-1, x.shape[1]), h, "mean",
+                                                 include_self=False)
+        return (agg * x.sum(0, keepdim=True).expand(7, 5)).square().sum()
+
+    torch.manual_seed(0)
+    args = [torch.randn(7, 5), torch.randn(5, 5), torch.randint(0, 7, (20,)), torch.randint(0, 7, (20,))]
+    cpu = [a.clone().requires_grad_(a.is_floating_point()) for a in args]
+    tpu = [a.to("tpu").requires_grad_(a.is_floating_point()) for a in args]
+    gnn(*cpu).backward()
+    with all_graphs_lowered():
+        torch.compile(gnn, backend="tpu")(*tpu).backward()
+    for c, t in zip(cpu[:2], tpu[:2]):
+        torch.testing.assert_close(t.grad.cpu(), c.grad, rtol=1e-4, atol=1e-5)

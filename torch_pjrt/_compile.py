@@ -332,9 +332,22 @@ class GraphProgram:
                 if not isinstance(vid, int):
                     raise Unsupported(f"graph output {o}")
                 val = o.meta["val"]
+                shape, stride = tuple(val.shape), tuple(val.stride())
+                # An expanded output (stride 0, as expand() gives, also in
+                # tensors saved for backward): the program writes one copy
+                # of each repeated slice, returned viewed as the graph's.
+                full = None
+                if any(st == 0 and sz > 1 for sz, st in zip(shape, stride)):
+                    full, code, cur = shape, CODE[val.dtype], list(shape)
+                    for d, (sz, st) in enumerate(zip(shape, stride)):
+                        if st == 0 and sz > 1:
+                            cur[d] = 1
+                            vid = _C.graph_add(self.gid, "aten::slice.Tensor", (("V", vid), d, 0, 1, 1),
+                                               [(code, tuple(cur))])
+                    shape = tuple(cur)
                 self.outputs.append(("v", len(prog)))
                 prog.append(vid)
-                self.out_specs.append((tuple(val.shape), tuple(val.stride()), val.dtype))
+                self.out_specs.append((shape, stride, val.dtype, full))
         on_cpu = [i for i in self.mutations if ph_vals[i].device.type == "cpu"]
         self.mut_inputs = [i for i in self.mutations if i not in on_cpu]
         # New values that the program computes for CPU inputs: one packed
@@ -391,7 +404,7 @@ class GraphProgram:
                 params[k] = packed[off:off + n].view(params[k].shape)
                 off += n
         refs = [_ref(t) for t in params]
-        outs = [torch.empty_strided(s, st, dtype=dt, device=dev) for s, st, dt in self.out_specs]
+        outs = [torch.empty_strided(s, st, dtype=dt, device=dev) for s, st, dt, _ in self.out_specs]
         out_refs = [_ref(o) for o in outs]
         out_refs += [_ref(args[i]) for i in self.mut_inputs]
         packed = [torch.empty(sum(k for _, k in items), dtype=dt, device=dev)
@@ -407,7 +420,8 @@ class GraphProgram:
         result = []
         for kind in self.outputs:
             if kind[0] == "v":
-                result.append(outs[kind[1]])
+                o, full = outs[kind[1]], self.out_specs[kind[1]][3]
+                result.append(o if full is None else o.as_strided(full, o.stride()))
             elif kind[0] == "in":
                 result.append(args[kind[1]])
             elif kind[0] == "host":

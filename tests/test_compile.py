@@ -1,4 +1,5 @@
 """torch.compile(backend="tpu"): whole graphs lowered with the eager rules."""
+import copy
 import warnings
 
 import pytest
@@ -400,3 +401,23 @@ def test_expanded_outputs_and_saved_tensors():
         torch.compile(gnn, backend="tpu")(*tpu).backward()
     for c, t in zip(cpu[:2], tpu[:2]):
         torch.testing.assert_close(t.grad.cpu(), c.grad, rtol=1e-4, atol=1e-5)
+
+
+def test_dynamic_true_with_python_float_inputs():
+    """dynamic=True hands Python floats (an argument, LayerNorm's eps) to the
+    backend as 0-d tensors read with .item(); each value is compiled in."""
+    from util import all_graphs_lowered
+
+    torch._dynamo.reset()
+    f = torch.compile(lambda x, s: x * s + 1, backend="tpu", dynamic=True)
+    torch.manual_seed(0)
+    ln = torch.nn.LayerNorm(6, eps=0.5)
+    with torch.no_grad():
+        ln.weight.uniform_()
+    cln = torch.compile(copy.deepcopy(ln).to("tpu"), backend="tpu", dynamic=True)
+    with all_graphs_lowered():
+        for rows, s in [(3, 0.5), (5, 2.0), (4, 0.5)]:
+            x = torch.randn(rows, 6)
+            torch.testing.assert_close(f(x.to("tpu"), s).cpu(), x * s + 1)
+            with torch.no_grad():
+                torch.testing.assert_close(cln(x.to("tpu")).cpu(), ln(x), rtol=1e-5, atol=1e-6)

@@ -566,21 +566,36 @@ def _symbolic(gm):
     return False
 
 
+def _item_inputs(gm):
+    """Indices of the inputs the graph reads only through .item(): Python
+    numbers that Dynamo left unspecialised (dynamic=True passes floats such as
+    LayerNorm's eps as 0-d CPU tensors)."""
+    found = []
+    for i, n in enumerate(n for n in gm.graph.nodes if n.op == "placeholder"):
+        if n.users and all(u.op == "call_method" and u.target == "item" for u in n.users):
+            found.append(i)
+    return found
+
+
 class _Specialize:
     """A graph Dynamo traced with symbolic sizes, run as one static-shape
     compiled graph per set of concrete input sizes (PJRT programs have static
     shapes).  Dynamo recompiles a function whose input sizes changed with
     dynamic sizes unless told dynamic=False; without this every such graph
-    would run op by op."""
+    would run op by op.  Numbers passed as 0-d tensors and read with .item()
+    become constants, one compiled graph per value, as Dynamo's default of
+    specialising floats gives."""
 
     def __init__(self, gm, name, names, kwargs):
         self.gm, self.name, self.names, self.kwargs = gm, name, names, kwargs
+        self.items = set(_item_inputs(gm))
         self.cache = {}
 
     def __call__(self, *args):
         key = (torch.is_grad_enabled(),) + tuple(
+            a.item() if i in self.items else
             (tuple(a.shape), a.stride(), a.dtype, a.device, a.requires_grad) if isinstance(a, torch.Tensor)
-            else (type(a), a) for a in args)
+            else (type(a), a) for i, a in enumerate(args))
         entry = self.cache.get(key)
         if entry is None:
             _note_compile(self.name, list(zip(self.names, args)))
@@ -595,6 +610,12 @@ class _Specialize:
         keep = []
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         for i, (n, a) in enumerate(zip(placeholders, args)):
+            if i in self.items:
+                for item in list(n.users):
+                    item.replace_all_uses_with(a.item())
+                    gm.graph.erase_node(item)
+                gm.graph.erase_node(n)
+                continue
             if isinstance(a, torch.Tensor):
                 keep.append(i)
                 continue
@@ -635,7 +656,7 @@ def tpu_backend(gm, example_inputs, **kwargs):
     _skip_kernel_frames()
     name = _frame_name(gm)
     names = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
-    if _symbolic(gm):
+    if _symbolic(gm) or _item_inputs(gm):
         return _Specialize(gm, name, names, kwargs)
     _note_compile(name, list(zip(names, example_inputs)))
     return _aot(gm, example_inputs, **kwargs)

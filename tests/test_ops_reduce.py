@@ -5,6 +5,7 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import torch_pjrt  # noqa: F401
 from torch_pjrt import _C
@@ -504,3 +505,27 @@ def test_classifier_step():
 
     check(f, w, x, tgt, grad=True)
     assert math.isfinite(float(f(w.detach().to("tpu"), x.to("tpu"), tgt.to("tpu")).cpu()))
+
+
+MIXED = {
+    "mm": lambda d: torch.randn(3, 3, device=d) @ torch.randn(3, 3, device=d).double(),
+    "linear": lambda d: F.linear(torch.randn(2, 3, device=d), torch.randn(4, 3, device=d).half()),
+    "linear_bias": lambda d: F.linear(torch.randn(2, 3, device=d), torch.randn(4, 3, device=d),
+                                      torch.randn(4, device=d).bfloat16()),
+    "addmm_self": lambda d: torch.addmm(torch.randn(3, 3, device=d).double(), torch.randn(3, 3, device=d),
+                                        torch.randn(3, 3, device=d)),
+    "mv": lambda d: torch.mv(torch.randn(3, 3, device=d), torch.randn(3, device=d).double()),
+    "int_float": lambda d: torch.ones(2, 2, dtype=torch.int64, device=d) @ torch.ones(2, 2, device=d),
+    "conv2d": lambda d: F.conv2d(torch.randn(1, 3, 5, 5, device=d), torch.randn(4, 3, 3, 3, device=d).half()),
+    "bool_mm": lambda d: torch.ones(2, 2, dtype=torch.bool, device=d) @ torch.ones(2, 2, dtype=torch.bool, device=d),
+}
+
+
+@pytest.mark.parametrize("case", MIXED)
+def test_products_refuse_mixed_dtypes_like_cpu(case):
+    """Products and convolutions do not promote: operands of different dtypes
+    (and bool products) raise the CPU's error type instead of computing."""
+    with pytest.raises((RuntimeError, NotImplementedError)) as cpu:
+        MIXED[case]("cpu")
+    with pytest.raises(type(cpu.value), match="dtype|not implemented for 'Bool'"):
+        MIXED[case]("tpu")

@@ -3,6 +3,7 @@
  * The table is the union of the per-family fragments listed in
  * k_fragments; a name may appear once.  Lookup is a binary search over a
  * sorted index built once (under pthread_once). */
+#include <math.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -208,6 +209,41 @@ tp_val lw_abs(tp_emit *e, tp_val x) {
 
 tp_val lw_not_for(tp_emit *e, const char *what, tp_dtype d) {
   return em_fail(e, TP_UNIMPLEMENTED, "\"%s\" not implemented for '%s'", what, tp_scalar_type_name(d));
+}
+
+/* Products and convolutions do not promote: mixed dtypes raise on the CPU
+ * and CUDA, and neither has bool kernels. */
+int lw_same_dtypes(tp_emit *e, const tp_node *n, int first, int last) {
+  tp_dtype dt = TP_DTYPE_INVALID;
+  for (int i = first; i <= last && i < n->nargs; i++) {
+    if (lw_arg(n, i)->kind != TP_ARG_TENSOR) continue;
+    tp_dtype d = lw_dtype(e, n, i);
+    if (dt == TP_DTYPE_INVALID) {
+      dt = d;
+    } else if (d != dt) {
+      em_fail(e, TP_INVALID_ARGUMENT, "%s: expected all operands to have the same dtype, but got %s and %s", n->op,
+              tp_scalar_type_name(dt), tp_scalar_type_name(d));
+      return 0;
+    }
+  }
+  if (dt == TP_BOOL) {
+    lw_not_for(e, n->op, dt);
+    return 0;
+  }
+  return 1;
+}
+
+/* 1 + erf(x / sqrt 2), twice the normal distribution's CDF, as PyTorch's CPU
+ * kernels compute it for gelu.  Not erfc(-x / sqrt 2), which avoids the
+ * cancellation for x << 0 but which XLA:CPU expands into several unvectorised
+ * kernels (a fifth of a small GPT's forward).  XLA's float32 erf saturates at
+ * -1 + 1.8e-7 rather than -1 below -3.9, which x would magnify, so there the
+ * sum is 0, as the CPU's float32 erf gives it. */
+tp_val lw_normal_cdf2(tp_emit *e, tp_val x) {
+  tp_val z = em_binary(e, "stablehlo.multiply", x, lw_full_like(e, x, M_SQRT1_2));
+  tp_val s = em_binary(e, "stablehlo.add", lw_full_like(e, x, 1), em_unary(e, "chlo.erf", z));
+  if (em_type(e, x)->dt == TP_F64) return s;
+  return em_select(e, em_compare(e, "LT", z, lw_full_like(e, x, -3.9)), lw_full_like(e, x, 0), s);
 }
 
 /* ---- promotion ---------------------------------------------------------------- */

@@ -688,20 +688,7 @@ static void r_threshold(tp_emit *e, const tp_node *n, tp_val *o) {
   o[0] = finish(e, n, em_select(e, em_compare(e, "LE", x, t), v, x));
 }
 
-/* 1 + erf(x / sqrt 2), the CDF of the normal distribution times 2, as
- * PyTorch's CPU kernels compute it.  Not erfc(-x / sqrt 2), which avoids the
- * cancellation for x << 0 but which XLA:CPU expands into several unvectorised
- * kernels (a fifth of a small GPT's forward).  XLA's float32 erf saturates at
- * -1 + 1.8e-7 rather than -1 below -3.9, which x would magnify, so there the
- * sum is 0, as the CPU's float32 erf gives it. */
-static tp_val cdf2(tp_emit *e, tp_val x) {
-  tp_val z = mul(e, x, k(e, x, M_SQRT1_2));
-  tp_val s = add(e, k(e, x, 1), un(e, "chlo.erf", z));
-  if (em_type(e, x)->dt == TP_F64) return s;
-  return em_select(e, em_compare(e, "LT", z, k(e, x, -3.9)), k(e, x, 0), s);
-}
-
-/* gelu(x) = x / 2 * cdf2(x), so gelu(-inf) = -inf * 0 = NaN like PyTorch.
+/* gelu(x) = x / 2 * lw_normal_cdf2(x), so gelu(-inf) = -inf * 0 = NaN like PyTorch.
  * tanh: PyTorch's formula. */
 static void r_gelu(tp_emit *e, const tp_node *n, tp_val *o) {
   tp_val x = x_in(e, n);
@@ -711,7 +698,7 @@ static void r_gelu(tp_emit *e, const tp_node *n, tp_val *o) {
     tp_val inner = mul(e, k(e, x, sqrt(2.0 / M_PI)), add(e, x, mul(e, k(e, x, 0.044715), mul(e, x, mul(e, x, x)))));
     y = mul(e, mul(e, k(e, x, 0.5), x), add(e, k(e, x, 1), un(e, "stablehlo.tanh", inner)));
   } else if (!strcmp(approx, "none")) {
-    y = mul(e, mul(e, x, k(e, x, 0.5)), cdf2(e, x));
+    y = mul(e, mul(e, x, k(e, x, 0.5)), lw_normal_cdf2(e, x));
   } else {
     o[0] = em_fail(e, TP_INVALID_ARGUMENT, "approximate argument must be either none or tanh.");
     return;
@@ -734,7 +721,7 @@ static void r_gelu_backward(tp_emit *e, const tp_node *n, tp_val *o) {
                     mul(e, k(e, x, beta), add(e, k(e, x, 1), mul(e, k(e, x, 3 * kap), x2))));
     d = add(e, ld, rd);
   } else if (!strcmp(approx, "none")) {
-    tp_val cdf = mul(e, k(e, x, 0.5), cdf2(e, x));
+    tp_val cdf = mul(e, k(e, x, 0.5), lw_normal_cdf2(e, x));
     tp_val pdf = mul(e, un(e, "stablehlo.exponential", mul(e, k(e, x, -0.5), mul(e, x, x))), k(e, x, 0.3989422804014327));
     d = add(e, cdf, mul(e, x, pdf));
   } else {

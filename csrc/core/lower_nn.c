@@ -959,6 +959,7 @@ static tp_val conv_bwd_filter(tp_emit *e, tp_val x, tp_val gy, const conv_params
 
 /* convolution(input, weight, bias?, stride, padding, dilation, transposed, output_padding, groups) */
 static void r_convolution(tp_emit *e, const tp_node *n, tp_val *o) {
+  if (!lw_same_dtypes(e, n, 0, 2)) return;
   tp_val x0 = lw_value(e, n, 0), w0 = lw_value(e, n, 1);
   tp_type xt = *em_type(e, x0), wt = *em_type(e, w0);
   conv_params p;

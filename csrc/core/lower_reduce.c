@@ -850,6 +850,7 @@ static tp_val product(tp_emit *e, const tp_node *n, tp_val a, tp_val b, int sum_
 
 /* out = op(a, b) for mm, bmm, mv, dot, vdot */
 static void plain_product(tp_emit *e, const tp_node *n, tp_val *o, int conj) {
+  if (!lw_same_dtypes(e, n, 0, 1)) return;
   tp_dtype ct = lw_opmath(n->outs[0].dt);
   tp_val a = mm_operand(e, n, 0, ct), b = mm_operand(e, n, 1, ct);
   if (conj) a = conj_of(e, a);
@@ -861,6 +862,7 @@ static void r_vdot(tp_emit *e, const tp_node *n, tp_val *o) { plain_product(e, n
 /* beta * self + alpha * (a @ b); beta == 0 ignores self and alpha == 0 the
  * product (NaNs included), as BLAS and PyTorch do.  act: 0 none, 1 relu, 2 gelu. */
 static void addprod(tp_emit *e, const tp_node *n, tp_val *o, int sum_batch, int act) {
+  if (!lw_same_dtypes(e, n, 0, 2)) return;
   tp_dtype ct = lw_opmath(n->outs[0].dt);
   tp_type t = lw_out_as(n, 0, ct);
   tp_val p = product(e, n, mm_operand(e, n, 1, ct), mm_operand(e, n, 2, ct), sum_batch);
@@ -874,8 +876,7 @@ static void addprod(tp_emit *e, const tp_node *n, tp_val *o, int sum_batch, int 
   if (act == 1) {
     r = em_binary(e, "stablehlo.maximum", r, kl(e, r, 0));
   } else if (act == 2) {
-    tp_val cdf = add(e, kl(e, r, 1), un(e, "chlo.erf", mul(e, r, kl(e, r, M_SQRT1_2))));
-    r = mul(e, mul(e, r, kl(e, r, 0.5)), cdf);
+    r = mul(e, mul(e, r, kl(e, r, 0.5)), lw_normal_cdf2(e, r));
   }
   o[0] = to_out(e, n, 0, r);
 }

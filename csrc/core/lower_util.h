@@ -49,6 +49,11 @@ const char *tp_scalar_type_name(tp_dtype d);
 /* Fail like PyTorch's dispatch macros: "<what>" not implemented for '<type>'
  * (TP_UNIMPLEMENTED); returns -1. */
 tp_val lw_not_for(tp_emit *e, const char *what, tp_dtype d);
+/* 1 if the tensor arguments first..last share a non-bool dtype, as products
+ * and convolutions need; otherwise em_fail with the error PyTorch raises, and 0. */
+int lw_same_dtypes(tp_emit *e, const tp_node *n, int first, int last);
+/* 1 + erf(x / sqrt 2) for gelu, saturating to 0 where float32 erf does. */
+tp_val lw_normal_cdf2(tp_emit *e, tp_val x);
 tp_dtype lw_promote(tp_dtype a, tp_dtype b);
 /* PyTorch's result_type over the listed arguments (tensors, 0-dim tensors
  * and wrapped numbers each in their own priority class). */

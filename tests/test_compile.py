@@ -421,3 +421,30 @@ def test_dynamic_true_with_python_float_inputs():
             torch.testing.assert_close(f(x.to("tpu"), s).cpu(), x * s + 1)
             with torch.no_grad():
                 torch.testing.assert_close(cln(x.to("tpu")).cpu(), ln(x), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("norm_type", [2.0, 1.0, float("inf"), 3.0])
+def test_clip_grad_norm_and_logcumsumexp_lowered(norm_type):
+    """clip_grad_norm_ (a _foreach_norm) and logcumsumexp compile into the
+    program instead of sending their graph op by op."""
+    from util import all_graphs_lowered
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    ps, gs = [torch.randn(4, 5), torch.randn(7)], [torch.randn(4, 5) * 3, torch.randn(7) * 3]
+    cpu = [p.clone().requires_grad_() for p in ps]
+    tpu = [p.to("tpu").requires_grad_() for p in ps]
+    for c, t, g in zip(cpu, tpu, gs):
+        c.grad, t.grad = g.clone(), g.to("tpu")
+    ref = torch.nn.utils.clip_grad_norm_(cpu, 1.0, norm_type=norm_type)
+    with all_graphs_lowered():
+        got = torch.compile(lambda: torch.nn.utils.clip_grad_norm_(tpu, 1.0, norm_type=norm_type), backend="tpu")()
+    torch.testing.assert_close(got.cpu(), ref)
+    for c, t in zip(cpu, tpu):
+        torch.testing.assert_close(t.grad.cpu(), c.grad)
+    x = torch.randn(3, 4, requires_grad=True)
+    xt = x.detach().to("tpu").requires_grad_()
+    x.logcumsumexp(1).sum().backward()
+    with all_graphs_lowered():
+        torch.compile(lambda x: x.logcumsumexp(1), backend="tpu")(xt).sum().backward()
+    torch.testing.assert_close(xt.grad.cpu(), x.grad)

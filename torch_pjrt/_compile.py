@@ -314,6 +314,8 @@ class GraphProgram:
         ids = []
         for k in range(length):
             elem = [a[k] if i in lists else a for i, a in enumerate(args)]
+            if base == "norm":  # (x, ord, dtype) -> linalg_vector_norm(x, ord, dim, keepdim, dtype)
+                elem = [elem[0], elem[1], None, False, elem[2] if len(elem) > 2 else None]
             ids.append(self._add_op(target, elem, {}, vals[k] if vals is not None else None, values,
                                     by_position=True))
         return tuple(ids)
@@ -467,6 +469,8 @@ def _foreach_target(base, ovl):
         choices = (_FOREACH_SPECIAL[(base, ovl)],)
     else:
         choices = _FOREACH_OVERLOADS.get(ovl, ())
+    if base == "norm":  # its per-tensor op, norm.Scalar, has no dtype argument
+        return torch.ops.aten.linalg_vector_norm.default
     packet = getattr(torch.ops.aten, base, None)
     if packet is None:
         return None
@@ -529,9 +533,13 @@ def _rfftfreq(n, d=1.0, *, dtype=None, layout=None, device=None, pin_memory=None
 
 
 def _decompositions():
-    from torch._decomp import core_aten_decompositions
+    from torch._decomp import core_aten_decompositions, decomposition_table
 
     table = core_aten_decompositions()
+    A = torch.ops.aten
+    for op in (A.norm.Scalar, A.norm.ScalarOpt_dim, A.norm.ScalarOpt_dtype, A.norm.ScalarOpt_dim_dtype):
+        table[op] = decomposition_table[op]
+    table[A.logcumsumexp.default] = A._logcumsumexp.default
     # Factories with a composite kernel in eager mode that graphs keep whole.
     table[torch.ops.aten.fft_fftfreq.default] = _fftfreq
     table[torch.ops.aten.fft_rfftfreq.default] = _rfftfreq

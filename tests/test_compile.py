@@ -87,7 +87,19 @@ def test_recompile_warning_names_the_input():
             cg(torch.ones(n, device="tpu"), y)
     msgs = [str(x.message) for x in w if "compiled" in str(x.message) and "torch-pjrt" in str(x.message)]
     assert msgs, "no recompile warning"
-    assert "x" in msgs[-1] and "->" in msgs[-1]
+    assert msgs[-1].startswith("torch-pjrt: g (frame") and "x" in msgs[-1] and "->" in msgs[-1]
+
+
+def test_recompile_count_restarts_after_dynamo_reset():
+    """torch._dynamo.reset() reuses frame ids: unrelated functions compiled
+    once each after a reset are not counted as recompiles of one frame."""
+    x = torch.ones(3, device="tpu")
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        for k in range(8):
+            torch._dynamo.reset()
+            torch.compile(lambda x, k=k: x * k, backend="tpu")(x)
+    assert not [m for m in w if "was compiled" in str(m.message)]
 
 
 def test_new_input_shape_recompiles_static():

@@ -35,18 +35,25 @@ def compile_counts():
 
 
 def _frame_name(gm):
-    code = getattr(gm, "_tp_frame", None)
-    if code:
-        return code
+    """(name, first): a name for the Python frame Dynamo compiled into gm,
+    the function's name where the graph records it and Dynamo's frame id; and
+    whether this is Dynamo's first compile of the frame (its frame ids restart
+    after torch._dynamo.reset(), and so do our counts)."""
+    func = cid = None
     try:
-        from torch._guards import CompileContext
+        from torch._guards import CompileContext, TracingContext
 
         cid = CompileContext.current_compile_id()
-        if cid is not None:
-            return f"frame {cid.frame_id}"
+        tc = TracingContext.try_get()
+        codes = getattr(tc, "traced_code", None)
+        if codes:
+            func = codes[0].co_name
     except Exception:
         pass
-    return "<unknown>"
+    if cid is None:
+        return func or "<unknown>", False
+    name = f"{func} (frame {cid.frame_id})" if func else f"frame {cid.frame_id}"
+    return name, cid.frame_compile_id == 0
 
 
 def _note_compile(name, inputs):
@@ -662,7 +669,11 @@ def _skip_kernel_frames():
 def tpu_backend(gm, example_inputs, **kwargs):
     """The Dynamo backend registered as "tpu"."""
     _skip_kernel_frames()
-    name = _frame_name(gm)
+    name, first = _frame_name(gm)
+    if first:
+        with _lock:
+            _compiles.pop(name, None)
+            _last_inputs.pop(name, None)
     names = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
     if _symbolic(gm) or _item_inputs(gm):
         return _Specialize(gm, name, names, kwargs)

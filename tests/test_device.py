@@ -87,6 +87,15 @@ def test_module_to_keeps_parameter_objects():
     assert p.device.type == "tpu" and p.sum().item() == 2
 
 
+def test_allocation_larger_than_the_device_raises_out_of_memory():
+    """Buffers are made on first write, but a size that can never fit raises
+    torch.OutOfMemoryError at the allocation, as CUDA's allocator does."""
+    total = torch.tpu.mem_get_info()[1]
+    with pytest.raises(torch.OutOfMemoryError, match=r"tpu out of memory\. Tried to allocate .* GiB"):
+        torch.empty(total // 4 + 1024, dtype=torch.float32, device="tpu")
+    assert torch.empty(1 << 20, device="tpu").fill_(2).sum().item() == 2 << 20
+
+
 def test_round_trip_views():
     x = torch.randn(6, 8)
     t = x.to("tpu")

@@ -3,12 +3,14 @@
 
 #include <pthread.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 static tp_plugin *g_plugin;     /* guarded by g_mu; never reset once set */
 static int g_ndev;
 static uint64_t *g_seed;        /* [g_ndev] */
 static uint64_t *g_offset;      /* [g_ndev] */
+static int64_t *g_capacity;     /* [g_ndev] bytes */
 
 #define TP_DEFAULT_SEED 67280421310721ull /* PyTorch's default_rng_seed_val */
 
@@ -28,14 +30,29 @@ tp_status *tp_runtime_init(const tp_runtime_config *cfg) {
   int n = tp_plugin_device_count(p);
   uint64_t *seed = calloc(n > 0 ? n : 1, sizeof(uint64_t));
   uint64_t *off = calloc(n > 0 ? n : 1, sizeof(uint64_t));
-  if (!seed || !off) {
+  int64_t *cap = calloc(n > 0 ? n : 1, sizeof(int64_t));
+  if (!seed || !off || !cap) {
     free(seed);
     free(off);
+    free(cap);
     tp_plugin_destroy(p);
     st = tp_error(TP_RESOURCE_EXHAUSTED, "out of host memory");
     goto done;
   }
-  for (int i = 0; i < n; i++) seed[i] = TP_DEFAULT_SEED;
+  /* Plugins that do not report device memory (the XLA CPU plugin) hold
+   * buffers in host memory. */
+  int64_t host = (int64_t)sysconf(_SC_PHYS_PAGES) * (int64_t)sysconf(_SC_PAGE_SIZE);
+  for (int i = 0; i < n; i++) {
+    seed[i] = TP_DEFAULT_SEED;
+    int64_t total = 0, fr = 0;
+    tp_status *ms = tp_plugin_device_memory(p, i, &total, &fr);
+    if (ms) {
+      tp_status_free(ms);
+      total = host > 0 ? host : 0;
+    }
+    cap[i] = total;
+  }
+  g_capacity = cap;
   g_seed = seed;
   g_offset = off;
   g_ndev = n;
@@ -43,6 +60,13 @@ tp_status *tp_runtime_init(const tp_runtime_config *cfg) {
 done:
   pthread_mutex_unlock(&g_mu);
   return st;
+}
+
+int64_t tp_runtime_device_capacity(int device) {
+  pthread_mutex_lock(&g_mu);
+  int64_t c = (device >= 0 && device < g_ndev) ? g_capacity[device] : 0;
+  pthread_mutex_unlock(&g_mu);
+  return c;
 }
 
 tp_plugin *tp_runtime_plugin(void) {

@@ -29,6 +29,9 @@ tp_status *tp_runtime_init(const tp_runtime_config *cfg);
 tp_plugin *tp_runtime_plugin(void);
 /* Number of devices; 0 before tp_runtime_init succeeded. */
 int tp_runtime_device_count(void);
+/* Bytes a device can hold: its memory where the plugin reports it, else the
+ * host's physical memory; 0 if unknown. */
+int64_t tp_runtime_device_capacity(int device);
 
 /* Per-device random state: a 64-bit seed and a counter that advances with
  * every random op, so results are reproducible for a given seed. */

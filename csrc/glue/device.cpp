@@ -10,6 +10,7 @@
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/util/Exception.h>
 
+#include <cstdio>
 #include <limits>
 #include <string>
 
@@ -65,6 +66,19 @@ struct TpAllocator final : c10::Allocator {
   c10::DataPtr allocate(size_t nbytes) override {
     const c10::DeviceIndex dev = current_device();
     check_device(dev);
+    // The buffer comes later, but a size that can never fit fails here, as
+    // CUDA's allocator would, not at some later op.
+    const int64_t cap = tp_runtime_device_capacity(dev);
+    if (cap > 0 && nbytes > static_cast<uint64_t>(cap)) {
+      constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+      char msg[256];
+      std::snprintf(msg, sizeof msg,
+                    "%s out of memory. Tried to allocate %.2f GiB. %s has a "
+                    "total capacity of %.2f GiB.",
+                    c10::get_privateuse1_backend().c_str(), nbytes / kGiB,
+                    c10::Device(kTpu, dev).str().c_str(), cap / kGiB);
+      TORCH_CHECK_WITH(OutOfMemoryError, false, msg);
+    }
     tp_storage* s = tp_storage_new(dev, nbytes);
     TORCH_CHECK_WITH(OutOfMemoryError, s != nullptr,
                      "out of host memory creating a storage handle for ",

@@ -900,3 +900,117 @@ def test_recurrent_layers_forward_and_backward(kind, bias):
     torch.testing.assert_close(xt.grad.cpu(), xc.grad, rtol=1e-5, atol=1e-6)
     for a, b in zip(mt.parameters(), m.parameters()):
         torch.testing.assert_close(a.grad.cpu(), b.grad, rtol=1e-4, atol=1e-5)
+
+
+# ---- weight norm (_weight_norm_interface and its backward; lower_nn.c) ----
+
+
+@pytest.mark.parametrize("dtype", [F32, torch.float64, BF16, torch.float16])
+@pytest.mark.parametrize("vs,dim", [((6, 4, 3), 0), ((6, 4, 3), 2), ((5, 7), 1), ((9,), 0)])
+def test_weight_norm_interface(vs, dim, dtype):
+    # The CPU kernels accept the first and last dim; the norm is float32 for
+    # float16/bfloat16 and w rounds v * (g / norm) once (so the low-precision
+    # results match the CPU's to their own rounding).
+    from util import lowered
+
+    gs = [1] * len(vs)
+    gs[dim] = vs[dim]
+    v, g = rnd(*vs, dtype=dtype, grad=False), rnd(*gs, dtype=dtype, grad=False, seed=1) + 2
+    gw = rnd(*vs, dtype=dtype, grad=False, seed=2)
+    with lowered() as names:
+        w, norm = check(aten._weight_norm_interface, v, g, dim)
+        check(lambda *a: aten._weight_norm_interface_backward(*a, dim), gw, v, g, norm.cpu())
+    assert {"aten::_weight_norm_interface", "aten::_weight_norm_interface_backward"} <= names
+    assert norm.dtype == (F32 if dtype in (BF16, torch.float16) else dtype)
+
+
+def test_weight_norm_interface_whole_tensor_and_empty():
+    # dim -1 (or any dim outside the tensor): the norm over the whole tensor,
+    # as norm_except_dim and the meta function take it (the CPU kernels
+    # accept only the first and last dim and assert).
+    v, g, gw = rnd(4, 3, 5, grad=False), rnd(1, 1, 1, grad=False, seed=1), rnd(4, 3, 5, grad=False, seed=2)
+    for dim in (-1, 3):
+        w, norm = aten._weight_norm_interface(v.to("tpu"), g.to("tpu"), dim)
+        ref_norm = v.double().norm().reshape(1, 1, 1)
+        torch.testing.assert_close(norm.cpu().double(), ref_norm, rtol=1e-6, atol=0)
+        torch.testing.assert_close(w.cpu().double(), v.double() * g.double() / ref_norm, rtol=1e-5, atol=1e-6)
+        gv, gg = aten._weight_norm_interface_backward(gw.to("tpu"), v.to("tpu"), g.to("tpu"), norm, dim)
+        vd, gd = v.double().requires_grad_(), g.double().requires_grad_()
+        (vd * (gd / vd.norm())).backward(gw.double())
+        torch.testing.assert_close(gv.cpu().double(), vd.grad, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(gg.cpu().double(), gd.grad, rtol=1e-5, atol=1e-6)
+    # an empty v: a zero norm, and grad_g 0 / 0 (NaN), as on the CPU
+    e, ge = torch.empty(3, 0), rnd(3, 1, grad=False)
+    check(aten._weight_norm_interface, e, ge, 0)
+    w, norm = aten._weight_norm_interface(e, ge, 0)
+    check(lambda *a: aten._weight_norm_interface_backward(*a, 0), torch.empty(3, 0), e, ge, norm)
+
+
+@pytest.mark.parametrize("api", ["utils", "parametrizations"])
+@pytest.mark.parametrize("dim", [0, 1, None, -1])
+def test_weight_norm_module_forward_backward(api, dim):
+    # nn.utils.weight_norm and the parametrization call torch._weight_norm:
+    # the fused interface for the first/last dim, norm_except_dim's ops
+    # otherwise (dim None/-1: the whole tensor).
+    import copy
+
+    import torch.nn as nn
+
+    if api == "parametrizations" and dim is None:
+        pytest.skip("the parametrization takes an int dim")
+    torch.manual_seed(0)
+    wrap = nn.utils.weight_norm if api == "utils" else nn.utils.parametrizations.weight_norm
+    base = nn.Conv1d(3, 4, 3)
+    base_t = copy.deepcopy(base)  # (a module with weight norm cannot be deep-copied)
+    m, mt = wrap(base, dim=dim), wrap(base_t, dim=dim).to("tpu")
+    x = torch.randn(2, 3, 8)
+    oc, ot = m(x), mt(x.to("tpu"))
+    torch.testing.assert_close(ot.cpu(), oc, rtol=1e-5, atol=1e-6)
+    oc.sin().sum().backward()
+    ot.sin().sum().backward()
+    for (n, a), b in zip(mt.named_parameters(), m.parameters()):
+        torch.testing.assert_close(a.grad.cpu(), b.grad, rtol=1e-5, atol=1e-6, msg=n)
+
+
+def test_weight_norm_compiled_lowers_whole():
+    import copy
+
+    import torch.nn as nn
+
+    from util import all_graphs_lowered
+
+    torch.manual_seed(0)
+    m = nn.utils.parametrizations.weight_norm(nn.Linear(5, 6), dim=0)
+    mt = copy.deepcopy(m).to("tpu")
+    x = torch.randn(4, 5)
+    f = torch.compile(lambda x: mt(x).tanh().sum(), backend="tpu")
+    with all_graphs_lowered():
+        ot = f(x.to("tpu"))
+        ot.backward()
+    oc = m(x).tanh().sum()
+    oc.backward()
+    torch.testing.assert_close(ot.cpu(), oc, rtol=1e-5, atol=1e-5)
+    for (n, a), b in zip(mt.named_parameters(), m.parameters()):
+        torch.testing.assert_close(a.grad.cpu(), b.grad, rtol=1e-5, atol=1e-6, msg=n)
+
+
+def test_weight_norm_compiled_1d_follows_the_meta_function():
+    # A 1-d v: eager mode takes each element as a slice, as the CPU kernel
+    # does; in a compiled graph the meta function (and torch.compile on the
+    # CPU, through PyTorch's decomposition) norms it whole, w = v * g / |v|.
+    # The graph computes that form and its exact derivative.
+    from util import all_graphs_lowered
+
+    v, g = rnd(5, grad=False), rnd(5, grad=False, seed=1)
+    vt, gt = v.to("tpu").requires_grad_(), g.to("tpu").requires_grad_()
+    torch.testing.assert_close(torch._weight_norm(vt, gt, 0).detach().cpu(), torch._weight_norm(v, g, 0))
+    f = torch.compile(lambda v, g: torch._weight_norm(v, g, 0).sin().sum(), backend="tpu")
+    with all_graphs_lowered():
+        out = f(vt, gt)
+        out.backward()
+    vd, gd = v.double().requires_grad_(), g.double().requires_grad_()
+    ref = (vd * gd / vd.norm()).sin().sum()
+    ref.backward()
+    torch.testing.assert_close(out.detach().cpu().double(), ref.detach(), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(vt.grad.cpu().double(), vd.grad, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(gt.grad.cpu().double(), gd.grad, rtol=1e-5, atol=1e-6)

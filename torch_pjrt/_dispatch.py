@@ -130,9 +130,21 @@ def _norm_stats(x, params, training=None):
     return fix
 
 
+def _weight_norm_fix(vals, specs):
+    """_weight_norm_interface's norm as the CPU kernel makes it: g's sizes
+    and strides (the meta function reduces a 1-d v to one element), float32
+    for float16 as for bfloat16 (the meta function keeps float16)."""
+    g = vals[1]
+    if specs[1] is None or not isinstance(g, torch.Tensor):
+        return specs
+    dt = torch.float32 if g.dtype in (torch.float16, torch.bfloat16) else specs[1][2]
+    return (specs[0], (tuple(g.shape), tuple(g.stride()), dt))
+
+
 # Ops whose meta function's outputs differ from what PyTorch's CPU kernel
 # returns: name -> fix(argument values, output specs) -> output specs.
 _SPEC_FIX = {
+    "aten::_weight_norm_interface": _weight_norm_fix,
     "aten::native_layer_norm": _norm_stats(0, (2, 3)),
     "aten::native_group_norm": _norm_stats(0, (1, 2)),
     "aten::native_batch_norm": _norm_stats(0, (1, 2, 3, 4), training=5),

@@ -2104,6 +2104,131 @@ static void r_group_norm_backward(tp_emit *e, const tp_node *n, tp_val *o) {
   }
 }
 
+/* ---- weight norm ------------------------------------------------------------------------------ */
+
+/* _weight_norm_interface(v, g, dim) -> (w, norm) and its backward, as
+ * PyTorch's CPU kernels (cpu/WeightNormKernel.cpp): the norm of v over every
+ * dim but `dim` (a dim outside [0, rank), -1 included, takes the whole
+ * tensor, as norm_except_dim and the meta function do; the CPU kernels
+ * accept only the first and last dim, which is all _weight_norm hands them),
+ * accumulated in opmath; a = g / norm stays in opmath and w = v * a is
+ * rounded once.  The norm output has the dtype the caller gives (float32
+ * for float16/bfloat16 on the CPU). */
+/* The CPU kernels' dtypes: float, double, half, bfloat16. */
+static int wn_dtype_ok(tp_dtype dt) { return dt == TP_F32 || dt == TP_F64 || dt == TP_F16 || dt == TP_BF16; }
+
+static int wn_reduced(int rank, int64_t dim, int64_t *red) {
+  int k = 0;
+  for (int i = 0; i < rank; i++)
+    if (i != dim) red[k++] = i;
+  return k;
+}
+
+/* Argument i (g or a saved norm), in dtype ct, shaped like the per-slice
+ * value `like` (the same number of elements: g is [C, 1, 1] or [C]). */
+static tp_val wn_per_slice(tp_emit *e, const tp_node *n, int i, tp_val like, tp_dtype ct, const char *what) {
+  tp_type lt = *em_type(e, like);
+  tp_val x = lw_value(e, n, i);
+  if (x < 0) return x;
+  if (tp_type_numel(em_type(e, x)) != tp_type_numel(&lt))
+    return em_fail(e, TP_INVALID_ARGUMENT, "%s: %s has %" PRId64 " elements; expected %" PRId64 " (one per slice of v)",
+                   n->op, what, tp_type_numel(em_type(e, x)), tp_type_numel(&lt));
+  return em_reshape(e, em_convert(e, x, ct), lt.rank, lt.dims);
+}
+
+static void r_weight_norm(tp_emit *e, const tp_node *n, tp_val *o) {
+  tp_val v = lw_value(e, n, 0);
+  if (v < 0) return;
+  tp_type vt = *em_type(e, v);
+  if (!wn_dtype_ok(vt.dt)) {
+    o[0] = lw_not_for(e, "weight_norm_kernel", vt.dt);
+    return;
+  }
+  tp_dtype ct = lw_opmath(vt.dt);
+  int64_t red[TP_MAX_RANK], kept[TP_MAX_RANK];
+  int nr = wn_reduced(vt.rank, lw_int(n, 2, 0), red);
+  kept_dims(vt.rank, red, nr, kept);
+  tp_type ctt = vt;
+  ctt.dt = ct;
+  tp_val vc = em_convert(e, v, ct);
+  tp_val norm = em_unary(e, "stablehlo.sqrt", rsum(e, mul(e, vc, vc), red, nr));
+  if (tp_type_numel(OUT(1)) == 1 && tp_type_numel(em_type(e, norm)) != 1) {
+    /* A compiled graph's 1-d v: the meta function (and torch.compile on the
+     * CPU, through the decomposition) norms it whole, w = v * g / |v|, where
+     * the CPU kernel takes each element as a slice.  Follow the graph's
+     * shapes; the backward rule differentiates this form. */
+    int64_t all[TP_MAX_RANK];
+    for (int i = 0; i < vt.rank; i++) all[i] = i;
+    norm = em_unary(e, "stablehlo.sqrt", rsum(e, mul(e, vc, vc), all, vt.rank));
+    tp_val g = wn_per_slice(e, n, 1, vc, ct, "g");
+    if (g < 0) return;
+    o[0] = as_out(e, n, 0, mul(e, vc, lw_bin(e, "stablehlo.divide", g, norm)));
+    o[1] = as_out(e, n, 1, norm);
+    return;
+  }
+  tp_val g = wn_per_slice(e, n, 1, norm, ct, "g");
+  if (g < 0) return;
+  tp_val a = dv(e, g, norm);
+  o[0] = as_out(e, n, 0, mul(e, vc, bcast(e, a, &ctt, kept)));
+  o[1] = as_out(e, n, 1, norm);
+}
+
+/* _weight_norm_interface_backward(grad_w, saved_v, saved_g, saved_norms, dim)
+ * -> (grad_v, grad_g): with s = sum(grad_w * v) per slice, grad_g = s / norm,
+ * a = g / norm, b = a * grad_g / norm, grad_v = a * grad_w - b * v (opmath,
+ * grad_g unrounded inside b), as the CPU kernel (an empty v gives grad_g
+ * 0 / 0 = NaN there too). */
+static void r_weight_norm_backward(tp_emit *e, const tp_node *n, tp_val *o) {
+  tp_val gw = lw_value(e, n, 0), v = lw_value(e, n, 1);
+  if (gw < 0 || v < 0) return;
+  tp_type vt = *em_type(e, v);
+  if (!wn_dtype_ok(vt.dt)) {
+    o[0] = lw_not_for(e, "weight_norm_backward_kernel", vt.dt);
+    return;
+  }
+  if (tp_type_numel(em_type(e, gw)) != tp_type_numel(&vt)) {
+    o[0] = em_fail(e, TP_INVALID_ARGUMENT, "%s: grad_w and saved_v differ in size", n->op);
+    return;
+  }
+  tp_dtype ct = lw_opmath(vt.dt);
+  int64_t red[TP_MAX_RANK], kept[TP_MAX_RANK];
+  int nr = wn_reduced(vt.rank, lw_int(n, 4, 0), red);
+  kept_dims(vt.rank, red, nr, kept);
+  tp_type ctt = vt;
+  ctt.dt = ct;
+  tp_val vc = em_convert(e, v, ct);
+  tp_val gc = em_reshape(e, em_convert(e, gw, ct), vt.rank, vt.dims);
+  tp_val s = rsum(e, mul(e, gc, vc), red, nr);
+  tp_val sn = lw_value(e, n, 3);
+  if (sn < 0) return;
+  if (tp_type_numel(em_type(e, sn)) == 1 && tp_type_numel(em_type(e, s)) != 1) {
+    /* the whole-norm form of a compiled 1-d v (see r_weight_norm):
+     * w = v * g / N, N = |v|: grad_g = grad_w * v / N,
+     * grad_v = grad_w * g / N - v * sum(grad_w * g * v) / N^3 */
+    int64_t all[TP_MAX_RANK];
+    for (int i = 0; i < vt.rank; i++) all[i] = i;
+    tp_val nrm = em_reshape(e, em_convert(e, sn, ct), 0, NULL);
+    tp_val g = wn_per_slice(e, n, 2, vc, ct, "saved_g");
+    if (g < 0) return;
+    tp_val gg = lw_bin(e, "stablehlo.divide", mul(e, gc, vc), nrm);
+    tp_val t = rsum(e, mul(e, mul(e, gc, g), vc), all, vt.rank);
+    tp_val n3 = mul(e, nrm, mul(e, nrm, nrm));
+    tp_val gv = sub(e, lw_bin(e, "stablehlo.divide", mul(e, gc, g), nrm), lw_bin(e, "stablehlo.multiply", vc, dv(e, t, n3)));
+    o[0] = as_out(e, n, 0, gv);
+    o[1] = as_out(e, n, 1, gg);
+    return;
+  }
+  tp_val g = wn_per_slice(e, n, 2, s, ct, "saved_g");
+  tp_val norm = g < 0 ? g : wn_per_slice(e, n, 3, s, ct, "saved_norms");
+  if (norm < 0) return;
+  tp_val grad_g = dv(e, s, norm);
+  tp_val a = dv(e, g, norm);
+  tp_val b = dv(e, mul(e, a, grad_g), norm);
+  tp_val grad_v = sub(e, mul(e, bcast(e, a, &ctt, kept), gc), mul(e, bcast(e, b, &ctt, kept), vc));
+  o[0] = as_out(e, n, 0, grad_v);
+  o[1] = as_out(e, n, 1, grad_g);
+}
+
 const tp_lower_entry tp_lower_nn[] = {
     {"aten::native_group_norm", r_group_norm},
     {"aten::native_group_norm_backward", r_group_norm_backward},
@@ -2168,5 +2293,7 @@ const tp_lower_entry tp_lower_nn[] = {
     {"aten::binary_cross_entropy_backward", r_binary_cross_entropy_backward},
     {"aten::mse_loss", r_mse_loss},
     {"aten::mse_loss_backward", r_mse_loss_backward},
+    {"aten::_weight_norm_interface", r_weight_norm},
+    {"aten::_weight_norm_interface_backward", r_weight_norm_backward},
     {NULL, NULL},
 };

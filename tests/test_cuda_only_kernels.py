@@ -146,6 +146,9 @@ OPTIMIZERS = [
     (torch.optim.SGD, {"lr": 0.05}),
     (torch.optim.SGD, {"lr": 0.05, "momentum": 0.9, "dampening": 0.1, "weight_decay": 0.01}),
     (torch.optim.SGD, {"lr": 0.05, "momentum": 0.9, "nesterov": True, "maximize": True}),
+    (torch.optim.Adagrad, {"lr": 0.05}),
+    (torch.optim.Adagrad, {"lr": 0.05, "lr_decay": 0.1, "weight_decay": 0.1, "initial_accumulator_value": 0.2}),
+    (torch.optim.Adagrad, {"lr": torch.tensor(0.05), "maximize": True, "eps": 1e-3}),
 ]
 
 
@@ -167,11 +170,12 @@ def test_fused_optimizers(calls, opt_cls, kw):
     assert len(cpu) == len(tpu)
     for a, b in zip(tpu, cpu):  # the CPU's bias corrections are in float64
         torch.testing.assert_close(a.cpu(), b, rtol=1e-4, atol=1e-5)
-    name = {torch.optim.Adam: "_fused_adam_", torch.optim.AdamW: "_fused_adamw_", torch.optim.SGD: "_fused_sgd_"}
+    name = {torch.optim.Adam: "_fused_adam_", torch.optim.AdamW: "_fused_adamw_", torch.optim.SGD: "_fused_sgd_",
+            torch.optim.Adagrad: "_fused_adagrad_"}
     assert sum(n for k, n in calls.items() if k.startswith("aten::" + name[opt_cls])) == 4
 
 
-@pytest.mark.parametrize("opt_cls", [torch.optim.AdamW, torch.optim.SGD])
+@pytest.mark.parametrize("opt_cls", [torch.optim.AdamW, torch.optim.SGD, torch.optim.Adagrad])
 def test_fused_optimizer_with_grad_scaler(opt_cls):
     # GradScaler hands the fused step grad_scale and found_inf: the grads are
     # unscaled in place, and a step with an inf changes nothing.
@@ -199,6 +203,38 @@ def test_fused_optimizer_with_grad_scaler(opt_cls):
             torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-5)
     for x, y in zip(tpu[2][:2], tpu[1][:2]):  # the inf step changed nothing
         assert torch.equal(x, y)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("scaled", [False, True])
+def test_fused_adagrad_op(dtype, scaled):
+    # The op itself against the CPU kernel: grad_scale unscales the grads in
+    # place; found_inf set leaves every tensor (grads included) untouched.
+    # float16/bfloat16 compute in float32 and round each result once.
+    torch.manual_seed(0)
+    shapes = [(33,), (4, 5)]
+    params = [torch.randn(s).to(dtype) for s in shapes]
+    grads = [torch.randn(s).to(dtype) for s in shapes]
+    sums = [torch.rand(s).to(dtype) for s in shapes]
+    steps = [torch.tensor(3.0), torch.tensor(1.0)]
+    kw = dict(lr=0.1, lr_decay=0.05, weight_decay=0.01, eps=1e-6, maximize=False)
+    for inf in ([0.0, 1.0] if scaled else [None]):
+        if scaled:
+            kw.update(grad_scale=torch.tensor(8.0), found_inf=torch.tensor(inf))
+        cpu = [[t.clone() for t in ts] for ts in (params, grads, sums, steps)]
+        tpu = [[t.to("tpu") for t in ts] for ts in (params, grads, sums, steps)]
+        torch._fused_adagrad_(*cpu, **kw)
+        torch._fused_adagrad_(*tpu, **{k: v.to("tpu") if isinstance(v, torch.Tensor) else v for k, v in kw.items()})
+        tol = {torch.float32: 1e-6, torch.float64: 1e-12}.get(dtype, 1e-2)
+        for a_list, b_list in zip(tpu, cpu):
+            for a, b in zip(a_list, b_list):
+                assert a.dtype == b.dtype
+                torch.testing.assert_close(a.cpu(), b, rtol=tol, atol=tol)
+        if inf:
+            for a, b in zip(tpu[0] + tpu[1] + tpu[2], params + grads + sums):
+                assert torch.equal(a.cpu(), b)
+    # (No compiled case: Dynamo does not trace into fused optimizers, and
+    # PyTorch has no fake kernel for _fused_adagrad_ to trace it directly.)
 
 
 @pytest.mark.parametrize("x", [

@@ -219,7 +219,7 @@ def _nested_tensor_from_mask_left_aligned(t, mask):
     return False
 
 
-# Fused optimizers (torch.optim.Adam/AdamW/SGD with fused=True): the CPU
+# Fused optimizers (torch.optim.Adam/AdamW/SGD/Adagrad with fused=True): the CPU
 # kernels' arithmetic (aten/src/ATen/native/cpu/Fused*Kernel.cpp) per tensor,
 # with the step counters on the device.  With a GradScaler, grads are divided
 # by grad_scale (and stored unscaled), and a step with found_inf set changes
@@ -286,6 +286,34 @@ def _fused_sgd(params, grads, momentum_buffer_list, *, weight_decay, momentum, l
             pairs.append((momentum_buffer_list[i], buf))
             g = g + buf * momentum if nesterov else buf
         pairs.append((p, p - lr * g))
+        _write(pairs, found_inf)
+
+
+def _fused_adagrad(params, grads, state_sums, state_steps, *, lr, lr_decay, weight_decay, eps, maximize,
+                   grad_scale=None, found_inf=None):
+    """The CPU kernel (FusedAdagradKernel.cpp): clr = lr / (1 + (step - 1) *
+    lr_decay) from the (already incremented) step counter, in float64 as on
+    the CPU; state_sum += g * g; param -= clr * g / (sqrt(state_sum) + eps).
+    float16/bfloat16 tensors compute in float32 and round each stored value
+    once (the CPU's per-element path; its vectorized path also rounds the
+    hyperparameters to the tensors' dtype, a difference below their
+    precision)."""
+    for i, p in enumerate(params):
+        pairs = []
+        ct = torch.float32 if p.dtype in (torch.float16, torch.bfloat16) else p.dtype
+        g = grads[i].to(ct)
+        if grad_scale is not None:
+            g = g / grad_scale.reshape(()).to(ct)
+            pairs.append((grads[i], g))
+        if maximize:
+            g = -g
+        param = p.to(ct)
+        if weight_decay != 0:
+            g = g + param * weight_decay
+        s = state_sums[i].to(ct) + g * g
+        step = state_steps[i].reshape(()).to(torch.float64)
+        clr = (lr / (1 + (step - 1) * lr_decay)).to(ct)
+        pairs += [(state_sums[i], s), (p, param - clr * g / (s.sqrt() + eps))]
         _write(pairs, found_inf)
 
 
@@ -604,6 +632,8 @@ KERNELS = {
     "aten::_fused_adamw_.tensor_lr": _fused_adamw,
     "aten::_fused_sgd_": _fused_sgd,
     "aten::_fused_sgd_.tensor_lr": _fused_sgd,
+    "aten::_fused_adagrad_": _fused_adagrad,
+    "aten::_fused_adagrad_.tensor_lr": _fused_adagrad,
 }
 
 

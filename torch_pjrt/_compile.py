@@ -17,7 +17,7 @@ import sys
 import torch
 
 from . import _C, _composite
-from ._dispatch import _NUMBER_TYPES, _qualname, _ref
+from ._dispatch import _NUMBER_TYPES, _qualname
 from ._dtypes import CODE
 
 # Recompilation tracking ----------------------------------------------------
@@ -102,9 +102,47 @@ def _on_cpu(val):
 
 
 def _host_nodes(graph, ph_vals):
-    """The nodes that compute CPU values from CPU values only (an optimizer's
-    step counters and its bias corrections, say).  They run on the host, as
-    in eager mode, so their results never wait for the device."""
+    """The nodes that compute CPU values from CPU values only and that the
+    graph's CPU results need (an optimizer's step counters).  They run on the
+    host, as in eager mode, so those results never wait for the device.  CPU
+    values only the device needs (the step counters' bias corrections) are
+    computed in the program, from the host's values: one upload, not a
+    dozen small host ops per parameter."""
+    host = _cpu_nodes(graph, ph_vals)
+    out_node = next(n for n in graph.nodes if n.op == "output")
+    need = [n for n in out_node.all_input_nodes if n in host]
+    need += [n for n in host if n.op == "call_function" and n.target is torch.ops.aten.copy_.default]
+    keep = set()
+    while need:
+        n = need.pop()
+        if n in keep:
+            continue
+        keep.add(n)
+        need.extend(i for i in n.all_input_nodes if i in host)
+    moved = set()
+    for n in graph.nodes:
+        if n in host and n not in keep:
+            (moved if n.op == "call_function" and _lowerable(n, moved) else keep).add(n)
+    return keep
+
+
+def _lowerable(n, moved):
+    """Whether the program can compute call node n (a getitem: if it reads
+    a node the program computes)."""
+    if n.target is operator.getitem:
+        return n.args[0] in moved
+    if not isinstance(n.target, torch._ops.OpOverload):
+        return False
+    name = _qualname(n.target)
+    if name.startswith("aten::_foreach_"):
+        base = n.target._schema.name.split("::")[1][len("_foreach_"):]
+        t = _foreach_target(base, n.target._schema.overload_name or "default")
+        return t is not None and _C.has_lowering(_qualname(t))
+    return _C.has_lowering(name)
+
+
+def _cpu_nodes(graph, ph_vals):
+    """The nodes that compute CPU values from CPU values only."""
     host = set()
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
     for n, v in zip(placeholders, ph_vals):
@@ -373,6 +411,9 @@ class GraphProgram:
             packed.append(_C.graph_add(self.gid, "aten::cat", (("L", [("V", v) for v in flat]), 0),
                                        [(code, (total,))]))
         _C.graph_outputs(self.gid, prog + [self.mutations[i] for i in self.mut_inputs] + packed)
+        # The outputs' layouts, flat as run_graph takes them: rank, sizes, strides, dtype code.
+        self.out_flat = [v for shape, stride, dt, _ in self.out_specs
+                         for v in (len(shape), *shape, *stride, CODE[dt])]
 
     def __call__(self, *args):
         device = 0
@@ -412,15 +453,11 @@ class GraphProgram:
                 n = params[k].numel()
                 params[k] = packed[off:off + n].view(params[k].shape)
                 off += n
-        refs = [_ref(t) for t in params]
-        outs = [torch.empty_strided(s, st, dtype=dt, device=dev) for s, st, dt, _ in self.out_specs]
-        out_refs = [_ref(o) for o in outs]
-        out_refs += [_ref(args[i]) for i in self.mut_inputs]
         packed = [torch.empty(sum(k for _, k in items), dtype=dt, device=dev)
                   for dt, items in self.host_muts.items()]
-        out_refs += [_ref(p) for p in packed]
-        if out_refs:
-            _C.run("tp::graph", (self.gid, *refs), None, tuple(out_refs))
+        # csrc/glue/graph.cpp: allocates the outputs, runs the program.
+        mutated = [args[i] for i in self.mut_inputs] + packed
+        outs = torch.ops.torch_pjrt.run_graph.default(self.gid, params, mutated, self.out_flat, dev)
         for p, items in zip(packed, self.host_muts.values()):
             host, off = p.cpu(), 0  # one transfer back per dtype
             for i, k in items:

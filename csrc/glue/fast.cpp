@@ -35,6 +35,17 @@ extern "C" {
 }
 
 namespace torch_pjrt {
+
+[[noreturn]] void raise_status(tp_status* st) {
+  const std::string msg = tp_status_message(st);
+  const tp_code code = tp_status_code(st);
+  tp_status_free(st);
+  // The exception types _C's raise_status gives the Python path.
+  TORCH_CHECK_NOT_IMPLEMENTED(code != TP_UNIMPLEMENTED, msg);
+  TORCH_CHECK_INDEX(code != TP_OUT_OF_RANGE, msg);
+  TORCH_CHECK(false, msg);
+}
+
 namespace {
 
 constexpr size_t kMaxArgs = 24;
@@ -70,16 +81,6 @@ ArgClass classify(const c10::Argument& arg, bool number) {
     default:
       return kOnlyNone;
   }
-}
-
-[[noreturn]] void raise(tp_status* st) {
-  const std::string msg = tp_status_message(st);
-  const tp_code code = tp_status_code(st);
-  tp_status_free(st);
-  // The exception types _C's raise_status gives the Python path.
-  TORCH_CHECK_NOT_IMPLEMENTED(code != TP_UNIMPLEMENTED, msg);
-  TORCH_CHECK_INDEX(code != TP_OUT_OF_RANGE, msg);
-  TORCH_CHECK(false, msg);
 }
 
 // Off: every call takes the Python kernel (tests that watch the Python
@@ -222,7 +223,7 @@ struct FastKernel final : c10::OperatorKernel {
         norefs++;
       }
     }
-    if (tp_status* st = tp_eager_run(lowering.c_str(), ea, static_cast<int>(n), nullptr, orefs, norefs)) raise(st);
+    if (tp_status* st = tp_eager_run(lowering.c_str(), ea, static_cast<int>(n), nullptr, orefs, norefs)) raise_status(st);
 
     c10::IValue self = inplace ? args[0] : c10::IValue();
     torch::jit::drop(stack, n);

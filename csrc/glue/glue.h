@@ -1,4 +1,4 @@
-// glue.h - what the three glue files share.
+// glue.h - what the glue files share.
 //
 // The glue exists only because PyTorch's device extension points are C++
 // classes (allocator, device guard, hooks, a few metadata kernels).  It holds
@@ -43,5 +43,9 @@ void resize_storage_bytes(const c10::Storage& storage, size_t nbytes);
 
 // Turn an owned tp_status into a c10::Error carrying its message.
 [[noreturn]] void throw_status(tp_status* st, const char* what);
+// The same without a prefix, with the Python exception type the core's code
+// maps to (NotImplementedError, IndexError, else RuntimeError), as the
+// Python path raises it.
+[[noreturn]] void raise_status(tp_status* st);
 
 } // namespace torch_pjrt

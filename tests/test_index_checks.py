@@ -220,3 +220,54 @@ def test_each_device_has_its_own_flag():
     torch.tpu.synchronize(0)  # device 0 has nothing to report
     with pytest.raises(IndexError, match="found on tpu:1 by aten::index_select"):
         r.cpu()
+
+
+# torch._assert_async: the CPU kernel raises when the one value is zero
+# (NaN and any nonzero complex pass; -0.0 fails).  On tpu the value is checked
+# on the device with the index checks' flag: the op returns at once and the
+# next synchronize (or read) raises the CPU's error.
+@pytest.mark.parametrize("value", [torch.tensor(0), torch.tensor(3), torch.tensor(0.0), torch.tensor(-0.0),
+                                   torch.tensor(float("nan")), torch.tensor(False), torch.tensor([True]),
+                                   torch.tensor(0j), torch.tensor(1j), torch.tensor([[0.0]], dtype=torch.bfloat16),
+                                   torch.tensor(0.5, dtype=torch.float16)],
+                         ids=lambda t: f"{t.dtype}-{t.tolist()}")
+@pytest.mark.parametrize("msg", [None, "", "x must be {} positive {x}"])
+def test_assert_async_matches_cpu(value, msg):
+    args = () if msg is None else (msg,)
+    try:
+        torch._assert_async(value, *args)
+        cpu = None
+    except RuntimeError as e:
+        cpu = str(e)
+    torch._assert_async(value.to("tpu"), *args)  # asynchronous: returns at once
+    if cpu is None:
+        torch.tpu.synchronize()
+        return
+    with pytest.raises(RuntimeError) as ei:
+        torch.tpu.synchronize()
+    assert str(ei.value).startswith(cpu + " (found on tpu:0 by aten::_assert_async"), (str(ei.value), cpu)
+    torch.tpu.synchronize()  # reported once
+
+
+def test_assert_async_element_count_raises_at_once():
+    for v in (torch.tensor([1, 2]), torch.tensor([])):
+        with pytest.raises(RuntimeError) as cpu:
+            torch._assert_async(v)
+        with pytest.raises(RuntimeError, match=str(cpu.value)):
+            torch._assert_async(v.to("tpu"), "m")
+
+
+def test_assert_async_in_compiled_graph():
+    def f(x):
+        torch._assert_async((x > 0).all(), "x must be positive")
+        return x * 2
+
+    cf = torch.compile(f, backend="tpu")
+    from util import all_graphs_lowered
+
+    with all_graphs_lowered():
+        assert torch.equal(cf(torch.ones(3, device="tpu")).cpu(), torch.full((3,), 2.0))
+        r = cf(torch.tensor([1.0, -1.0], device="tpu"))
+    with pytest.raises(RuntimeError, match="x must be positive"):
+        r.cpu()
+        torch.tpu.synchronize()

@@ -663,7 +663,10 @@ static tp_status *check_flag(tp_plugin *p, int device, flag_mode mode) {
   snprintf(num, sizeof num, "%" PRId64, v[1]);
   size_t q = 0;
   for (const char *s = m->msg; *s && q + 1 < sizeof text; s++) {
-    if (s[0] == '{' && s[1] == '}') {
+    if (s[0] == '{' && s[1] == '{') { /* "{{": a literal "{" (lw_check_text) */
+      text[q++] = '{';
+      s++;
+    } else if (s[0] == '{' && s[1] == '}') {
       q += (size_t)snprintf(text + q, sizeof text - q, "%s", num);
       if (q >= sizeof text) q = sizeof text - 1;
       s++;

@@ -349,6 +349,17 @@ void lw_check_range(tp_emit *e, const tp_node *n, tp_val idx, int64_t lo, int64_
   n->check(e, n, idx, lo, hi, code, msg);
 }
 
+void lw_check_text(tp_emit *e, const tp_node *n, tp_val idx, int64_t lo, int64_t hi, tp_code code, const char *text) {
+  char msg[512];
+  size_t q = 0;
+  for (const char *s = text; *s && q + 2 < sizeof msg; s++) {
+    if (*s == '{') msg[q++] = '{';
+    msg[q++] = *s;
+  }
+  msg[q] = 0;
+  lw_check_range(e, n, idx, lo, hi, code, "%s", msg);
+}
+
 tp_val lw_full_like(tp_emit *e, tp_val like, double v) { return em_full(e, v, em_type(e, like)); }
 
 tp_val lw_bin(tp_emit *e, const char *op, tp_val a, tp_val b) {

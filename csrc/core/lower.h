@@ -57,7 +57,8 @@ typedef struct tp_node {
    * [lo, hi) (PyTorch checks indices on the host; a program cannot raise).
    * The engine records the first violation in a device-side flag and raises
    * an error of `code` with `msg` at the next point that waits for the
-   * device; "{}" in msg stands for the offending value.  NULL: unchecked.
+   * device; "{}" in msg stands for the offending value and "{{" for a
+   * literal "{".  NULL: unchecked.
    * Rules call it through lw_check_range. */
   void (*check)(tp_emit *e, const struct tp_node *n, tp_val idx, int64_t lo, int64_t hi, tp_code code,
                 const char *msg);

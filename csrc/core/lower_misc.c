@@ -628,7 +628,53 @@ static void r_multilabel_margin_bw(tp_emit *e, const tp_node *n, tp_val *o) {
   o[0] = em_convert(e, em_reshape(e, gi, ot.rank, ot.dims), ot.dt);
 }
 
+/* ---- _assert_async ------------------------------------------------------------------- */
+
+/* _assert_async(self) / _assert_async.msg(self, assert_msg): the CPU kernel
+ * raises RuntimeError when the one value is zero (is_nonzero: NaN counts as
+ * nonzero, -0.0 as zero, a complex value when both parts are zero).  Reading
+ * it here would make the host wait for the device, so the value is checked
+ * on the device like an index (tp_node.check): the error surfaces at the next
+ * read or synchronize, or right here with TORCH_PJRT_LAUNCH_BLOCKING=1, as
+ * CUDA's asynchronous assert does.  The element count is known on the host:
+ * an empty or many-valued tensor raises at once, as on the CPU. */
+static void r_assert_async(tp_emit *e, const tp_node *n, tp_val *o) {
+  (void)o;
+  tp_val x = lw_value(e, n, 0);
+  if (x < 0) return;
+  tp_type t = *em_type(e, x);
+  int64_t nel = tp_type_numel(&t);
+  if (nel == 0) {
+    em_fail(e, TP_INVALID_ARGUMENT, "Boolean value of Tensor with no values is ambiguous");
+    return;
+  }
+  if (nel > 1) {
+    em_fail(e, TP_INVALID_ARGUMENT, "Boolean value of Tensor with more than one value is ambiguous");
+    return;
+  }
+  x = em_reshape(e, x, 0, NULL);
+  tp_val ok;
+  if (t.dt == TP_BOOL) {
+    ok = x;
+  } else if (tp_dtype_is_complex(t.dt)) {
+    tp_type pt = tp_type_make(t.dt == TP_C64 ? TP_F32 : TP_F64, 0, NULL);
+    tp_val re = em_op(e, "stablehlo.real", NULL, &x, 1, &pt), im = em_op(e, "stablehlo.imag", NULL, &x, 1, &pt);
+    ok = em_binary(e, "stablehlo.or", em_compare(e, "NE", re, em_const(e, 0, pt.dt)),
+                   em_compare(e, "NE", im, em_const(e, 0, pt.dt)));
+  } else {
+    ok = em_compare(e, "NE", x, em_const(e, 0, t.dt));
+  }
+  const char *msg = "Expected Tensor with single nonzero value, but got zero";
+  if (lw_arg(n, 1)->kind == TP_ARG_STR) {
+    const char *m = lw_str(n, 1, "");
+    msg = m[0] ? m : "Assertion is failed";
+  }
+  lw_check_text(e, n, em_convert(e, ok, TP_I64), 1, 2, TP_INVALID_ARGUMENT, msg);
+}
+
 const tp_lower_entry tp_lower_misc[] = {
+    {"aten::_assert_async", r_assert_async},
+    {"aten::_assert_async.msg", r_assert_async},
     {"aten::multi_margin_loss_backward", r_multi_margin_bw},
     {"aten::multilabel_margin_loss_backward", r_multilabel_margin_bw},
     {"aten::replication_pad1d_backward", r_replication_pad_bw},

@@ -78,6 +78,10 @@ void lw_check_range(tp_emit *e, const tp_node *n, tp_val idx, int64_t lo, int64_
 #endif
     ;
 
+/* The same check, with a message taken as it is (no "{}" placeholder):
+ * `text` is escaped for the flag's formatting ("{" -> "{{") and cut to fit. */
+void lw_check_text(tp_emit *e, const tp_node *n, tp_val idx, int64_t lo, int64_t hi, tp_code code, const char *text);
+
 /* ---- emission shortcuts ------------------------------------------------ */
 tp_val lw_full_like(tp_emit *e, tp_val like, double v);
 tp_val lw_bin(tp_emit *e, const char *op, tp_val a, tp_val b); /* broadcasts rank-0 b or a */

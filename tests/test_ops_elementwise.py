@@ -1219,3 +1219,24 @@ def test_scalar_overflow_raises_like_cpu(op, dtype, value):
             fn("tpu", dtype, value).cpu()
         return
     assert torch.equal(fn("tpu", dtype, value).cpu(), want)
+
+
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.complex128])
+def test_angle_complex(dtype):
+    # atan2(imag, real) in the parts' real dtype, as the CPU's std::arg:
+    # signed zeros pick +-pi, NaN parts give NaN, infinities their octant.
+    from util import all_graphs_lowered
+
+    z = torch.randn(40, dtype=dtype)
+    special = [0j, complex(-1, 0), complex(-1, -0.0), complex(0, -0.0), complex(float("nan"), 1),
+               complex(1, float("nan")), complex(float("inf"), float("inf")), complex(float("-inf"), 2), 1e-30j]
+    z[:len(special)] = torch.tensor(special, dtype=dtype)
+    tol = {"rtol": 1e-6, "atol": 1e-7} if dtype == torch.complex64 else {"rtol": 1e-12, "atol": 1e-14}
+    with lowered() as names:
+        got = check(torch.angle, z, **tol)
+    assert "aten::angle" in names and got.dtype == dtype.to_real()
+    check(lambda z: torch.angle(z.reshape(5, 8).t()), z, **tol)  # a strided view
+    f = torch.compile(lambda z: torch.angle(z) * 2, backend="tpu")
+    with all_graphs_lowered():
+        out = f(z.to("tpu"))
+    torch.testing.assert_close(out.cpu(), torch.angle(z) * 2, equal_nan=True, **tol)

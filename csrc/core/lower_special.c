@@ -1063,8 +1063,20 @@ static void r_frexp(tp_emit *e, const tp_node *n, tp_val *o) {
   o[1] = em_convert(e, expo, n->outs[1].dt);
 }
 
-/* angle of a real number: pi for x < 0, 0 otherwise, NaN stays NaN. */
+/* angle of a real number: pi for x < 0, 0 otherwise, NaN stays NaN; of a
+ * complex one, atan2(imag, real) (std::arg, as the CPU kernel), in the real
+ * dtype of its parts. */
 static void r_angle(tp_emit *e, const tp_node *n, tp_val *o) {
+  tp_dtype in = lw_dtype(e, n, 0);
+  if (tp_dtype_is_complex(in)) {
+    tp_val z = lw_value(e, n, 0);
+    if (z < 0) return;
+    tp_type pt = *em_type(e, z);
+    pt.dt = in == TP_C64 ? TP_F32 : TP_F64;
+    tp_val re = em_op(e, "stablehlo.real", NULL, &z, 1, &pt), im = em_op(e, "stablehlo.imag", NULL, &z, 1, &pt);
+    o[0] = em_convert(e, em_binary(e, "stablehlo.atan2", im, re), OUT0->dt);
+    return;
+  }
   if (!isf(OUT0->dt)) {
     o[0] = lw_not_for(e, "angle_cpu", OUT0->dt);
     return;

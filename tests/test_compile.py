@@ -460,3 +460,28 @@ def test_clip_grad_norm_and_logcumsumexp_lowered(norm_type):
     with all_graphs_lowered():
         torch.compile(lambda x: x.logcumsumexp(1), backend="tpu")(xt).sum().backward()
     torch.testing.assert_close(xt.grad.cpu(), x.grad)
+
+
+DECOMPOSED = {
+    "elu": lambda x, i: torch.nn.functional.elu(x, 0.7),
+    "bucketize": lambda x, i: torch.bucketize(x, torch.tensor([-1.0, 0.0, 0.5, 1.0], device=x.device)),
+    "dist": lambda x, i: torch.dist(x, x.flip(0), 3),
+    "ldexp": lambda x, i: torch.ldexp(x, i),
+    "triu_indices": lambda x, i: x[tuple(torch.triu_indices(4, 5, 1, device=x.device))],
+    "narrow_copy": lambda x, i: x.narrow_copy(1, 1, 2),
+    "unfold": lambda x, i: x.unfold(1, 2, 1) * 2,
+}
+
+
+@pytest.mark.parametrize("case", DECOMPOSED)
+def test_ops_eager_decomposes_lower_in_graphs(case):
+    """Ops that eager mode runs through PyTorch's decompositions compile into
+    the program too, instead of sending their graph op by op."""
+    from util import all_graphs_lowered
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    x, i = torch.randn(4, 5), torch.randint(-3, 4, (4, 5))
+    with all_graphs_lowered():
+        got = torch.compile(DECOMPOSED[case], backend="tpu")(x.to("tpu"), i.to("tpu"))
+    torch.testing.assert_close(got.cpu(), DECOMPOSED[case](x, i))

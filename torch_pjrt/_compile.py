@@ -581,7 +581,12 @@ def _decompositions():
 
     table = core_aten_decompositions()
     A = torch.ops.aten
-    for op in (A.norm.Scalar, A.norm.ScalarOpt_dim, A.norm.ScalarOpt_dtype, A.norm.ScalarOpt_dim_dtype):
+    # Ops eager mode runs through these decompositions (no lowering of their
+    # own) that graphs keep whole.
+    for op in (A.norm.Scalar, A.norm.ScalarOpt_dim, A.norm.ScalarOpt_dtype, A.norm.ScalarOpt_dim_dtype,
+               A.elu.default, A.bucketize.Tensor, A.bucketize.Scalar, A.dist.default, A.ldexp.Tensor,
+               A.triu_indices.default, A.tril_indices.default, A.narrow_copy.default, A.unfold.default,
+               A.addmm.dtype, A.rrelu_with_noise_backward.default):
         table[op] = decomposition_table[op]
     table[A.logcumsumexp.default] = A._logcumsumexp.default
     # Factories with a composite kernel in eager mode that graphs keep whole.

@@ -1240,3 +1240,7 @@ def test_angle_complex(dtype):
     with all_graphs_lowered():
         out = f(z.to("tpu"))
     torch.testing.assert_close(out.cpu(), torch.angle(z) * 2, equal_nan=True, **tol)
+    # The gradient, grad * 1j * z / |z|^2 and 0 at z == 0, as the CPU's.
+    zg = torch.randn(12, dtype=dtype)
+    zg[0] = 0
+    check(torch.angle, zg.requires_grad_(), grad=True, **tol)

@@ -727,7 +727,35 @@ def _torch_decomposition(name):
     return get
 
 
+class _ComplexAngle(torch.autograd.Function):
+    """angle(z) of a complex z with PyTorch's gradient, grad * 1j * z / |z|^2
+    (0 where z == 0), formed from real parts: tpu ops take no complex scalar
+    such as the 1j of PyTorch's own formula."""
+
+    @staticmethod
+    def forward(ctx, z):
+        ctx.save_for_backward(z)
+        with torch._C._AutoDispatchBelowAutograd():
+            return torch.ops.aten.angle.default(z)
+
+    @staticmethod
+    def backward(ctx, g):
+        (z,) = ctx.saved_tensors
+        x, y = z.real, z.imag
+        r2 = x * x + y * y
+        scale = torch.where(r2 == 0, torch.zeros_like(r2), g / r2)
+        return torch.view_as_complex(torch.stack([-y * scale, x * scale], -1).contiguous())
+
+
+def _angle(z):
+    if z.is_complex() and _may_differentiate(z):
+        return _ComplexAngle.apply(z)
+    with torch._C._AutoDispatchBelowAutograd():
+        return torch.ops.aten.angle.default(z)
+
+
 AUTOGRAD = {
+    "angle": _angle,
     "linalg_householder_product": _householder_product,
     "grid_sampler_2d": _grid_sampler("grid_sampler_2d", _torch_decomposition("grid_sampler_2d")),
     "grid_sampler_3d": _grid_sampler("grid_sampler_3d", lambda: _grid_sampler_3d),

@@ -1014,3 +1014,24 @@ def test_weight_norm_compiled_1d_follows_the_meta_function():
     torch.testing.assert_close(out.detach().cpu().double(), ref.detach(), rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(vt.grad.cpu().double(), vd.grad, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(gt.grad.cpu().double(), gd.grad, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("dims", [2, 3])
+def test_conv_channels_last_keeps_the_layout(dims):
+    """A channels-last input gives a channels-last result and input gradient,
+    as on the CPU (mkldnn) and CUDA (cuDNN)."""
+    fmt = torch.channels_last if dims == 2 else torch.channels_last_3d
+    conv = torch.nn.functional.conv2d if dims == 2 else torch.nn.functional.conv3d
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, *[6] * dims).to(memory_format=fmt)
+    w = torch.randn(4, 3, *[3] * dims)
+    xc, wc = x.clone().requires_grad_(), w.clone().requires_grad_()
+    xt, wt = x.to("tpu").requires_grad_(), w.to("tpu").requires_grad_()
+    y, yt = conv(xc, wc, padding=1), conv(xt, wt, padding=1)
+    assert yt.stride() == y.stride() and yt.is_contiguous(memory_format=fmt)
+    torch.testing.assert_close(yt.cpu(), y, rtol=1e-4, atol=1e-5)
+    y.square().sum().backward()
+    yt.square().sum().backward()
+    assert xt.grad.stride() == xc.grad.stride()
+    torch.testing.assert_close(xt.grad.cpu(), xc.grad, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(wt.grad.cpu(), wc.grad, rtol=1e-4, atol=1e-4)

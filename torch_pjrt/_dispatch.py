@@ -141,9 +141,37 @@ def _weight_norm_fix(vals, specs):
     return (specs[0], (tuple(g.shape), tuple(g.stride()), dt))
 
 
+def _channels_last(t):
+    """The channels-last memory format t is laid out in, or None."""
+    if not isinstance(t, torch.Tensor) or t.dim() not in (4, 5) or t.is_contiguous():
+        return None
+    fmt = torch.channels_last if t.dim() == 4 else torch.channels_last_3d
+    return fmt if t.is_contiguous(memory_format=fmt) else None
+
+
+def _conv_layout_fix(inp, weight, outs):
+    """Convolutions whose input or weight is channels-last give channels-last
+    results on the CPU and CUDA (mkldnn, cuDNN); the meta function's are
+    contiguous.  `outs`: the indices of the outputs shaped like the input."""
+    def fix(vals, specs):
+        fmt = _channels_last(vals[inp]) or _channels_last(vals[weight])
+        if fmt is None:
+            return specs
+        specs = list(specs)
+        for i in outs:
+            if i < len(specs) and specs[i] is not None and len(specs[i][0]) == vals[inp].dim():
+                stride = torch.empty(specs[i][0], device="meta").to(memory_format=fmt).stride()
+                specs[i] = (specs[i][0], stride, specs[i][2])
+        return tuple(specs)
+
+    return fix
+
+
 # Ops whose meta function's outputs differ from what PyTorch's CPU kernel
 # returns: name -> fix(argument values, output specs) -> output specs.
 _SPEC_FIX = {
+    "aten::convolution": _conv_layout_fix(0, 1, (0,)),
+    "aten::convolution_backward": _conv_layout_fix(1, 2, (0,)),
     "aten::_weight_norm_interface": _weight_norm_fix,
     "aten::native_layer_norm": _norm_stats(0, (2, 3)),
     "aten::native_group_norm": _norm_stats(0, (1, 2)),

@@ -571,6 +571,47 @@ def test_checkpoint_replays_dropout():
     torch.testing.assert_close(grads[0], grads[1])
 
 
+_SPAWN_LOADER = """
+import torch, torch_pjrt
+from torch.utils.data import DataLoader, Dataset
+
+
+class DS(Dataset):
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        return torch.full((3,), float(i), device="tpu")
+
+
+if __name__ == "__main__":
+    batches = [b for b in DataLoader(DS(), batch_size=2, num_workers=1, multiprocessing_context="spawn")]
+    assert all(b.device.type == "tpu" for b in batches)
+    print(torch.cat(batches).sum().item())
+"""
+
+
+def test_tensors_cross_process_queues(tmp_path):
+    """tpu tensors sent through torch.multiprocessing queues (a spawned
+    DataLoader worker's batches) arrive as copies on the same device; before,
+    the worker's pickler failed in a thread and the parent hung."""
+    from multiprocessing.reduction import ForkingPickler
+    import pickle
+
+    p = torch.nn.Parameter(torch.arange(4.0, device="tpu"))
+    q = pickle.loads(ForkingPickler.dumps(p))
+    assert type(q) is torch.nn.Parameter and q.requires_grad and q.device == p.device
+    assert torch.equal(q.cpu(), p.detach().cpu())
+    with pytest.raises(RuntimeError, match="autograd"):
+        ForkingPickler.dumps(p * 2)
+    script = tmp_path / "loader.py"
+    script.write_text(_SPAWN_LOADER)
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=240,
+                       cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT})
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip().splitlines()[-1] == "18.0"
+
+
 def test_forked_child_gets_a_clear_error():
     # A forked child cannot use the parent's PJRT client: ops raise (as CUDA
     # does) instead of hanging, and freeing the inherited tensors is safe.

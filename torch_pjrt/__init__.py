@@ -131,3 +131,6 @@ _compile.register()
 _compile._route_default_backend()
 compile_counts = _compile.compile_counts
 from .bucket import bucket  # noqa: E402,F401
+from . import _multiprocessing  # noqa: E402
+
+_multiprocessing.install()

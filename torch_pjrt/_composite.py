@@ -748,8 +748,12 @@ class _ComplexAngle(torch.autograd.Function):
 
 
 def _angle(z):
-    if z.is_complex() and _may_differentiate(z):
-        return _ComplexAngle.apply(z)
+    if _may_differentiate(z):
+        if z.is_complex():
+            return _ComplexAngle.apply(z)
+        with torch._C._AutoDispatchBelowAutograd():
+            out = torch.ops.aten.angle.default(z)
+        return _ZeroGradOf.apply(out, z)  # real: 0 or pi, a zero gradient
     with torch._C._AutoDispatchBelowAutograd():
         return torch.ops.aten.angle.default(z)
 

@@ -3,6 +3,7 @@ devices, errors."""
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -550,8 +551,42 @@ def test_streams_and_events():
         z = y + 1
     s.synchronize()
     torch.testing.assert_close(z.cpu(), x.cpu() @ x.cpu() + 1, rtol=1e-4, atol=1e-4)
-    with pytest.raises(RuntimeError, match="no timestamps"):
-        torch.tpu.Event(enable_timing=True)
+    # The CUDA timing idiom: elapsed_time covers the work between the records.
+    start, end = torch.tpu.Event(enable_timing=True), torch.tpu.Event(enable_timing=True)
+    start.record()
+    t0 = time.perf_counter()
+    w = torch.randn(512, 512, device="tpu")
+    for _ in range(20):
+        w = torch.tanh(w @ w)
+    end.record()
+    wall_ms = (time.perf_counter() - t0) * 1e3
+    torch.tpu.synchronize()
+    ms = start.elapsed_time(end)
+    assert 0 < ms <= wall_ms + 1, (ms, wall_ms)
+    with pytest.raises(ValueError, match="enable_timing"):
+        ev.elapsed_time(end)
+    x.record_stream(torch.tpu.Stream())  # a no-op: one in-order stream
+
+
+def test_accelerator_memory_api():
+    """torch.accelerator's memory functions read the same accounting as
+    torch.tpu's."""
+    torch.tpu.synchronize()
+    x = torch.ones(256, 1024, device="tpu")
+    assert torch.accelerator.memory_allocated() == torch.tpu.memory_allocated() >= x.nbytes
+    assert torch.accelerator.max_memory_allocated() >= torch.accelerator.memory_allocated()
+    assert torch.accelerator.memory_reserved() == torch.accelerator.memory_allocated()
+    stats = torch.tpu.memory_stats()
+    assert stats["allocated_bytes.all.current"] == torch.tpu.memory_allocated()
+    assert {"reserved_bytes.all.peak", "active_bytes.all.current", "num_ooms"} <= set(stats)
+    free, total = torch.accelerator.get_memory_info()
+    assert 0 < free <= total
+    before = torch.accelerator.memory_allocated()
+    del x
+    torch.accelerator.empty_cache()
+    assert torch.accelerator.memory_allocated() <= before - 256 * 1024 * 4
+    torch.accelerator.reset_peak_memory_stats()
+    assert torch.accelerator.max_memory_allocated() == torch.accelerator.memory_allocated()
 
 
 def test_checkpoint_replays_dropout():

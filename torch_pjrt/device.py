@@ -97,10 +97,11 @@ def Stream(device=None, priority=0) -> torch.Stream:  # noqa: N802 (torch.cuda.S
 
 
 def Event(enable_timing=False, blocking=False, interprocess=False) -> torch.Event:  # noqa: N802
-    if enable_timing:
-        raise RuntimeError("tpu events carry no timestamps; time with time.perf_counter() "
-                           "after torch.tpu.synchronize()")
-    return torch.Event(device="tpu", enable_timing=False, blocking=blocking, interprocess=interprocess)
+    """A tpu event.  With enable_timing=True, record() waits for the work
+    queued so far and notes the host's clock (the device's stream carries no
+    timestamps), so elapsed_time() between two records is the time that work
+    took, as with CUDA events."""
+    return torch.Event(device="tpu", enable_timing=enable_timing, blocking=blocking, interprocess=interprocess)
 
 
 def set_stream(stream) -> None:
@@ -246,9 +247,21 @@ def empty_cache() -> None:
 
 
 def memory_stats(device=None) -> dict:
-    in_use, peak, live = _C.mem_stats(_index(device))
-    return {"allocated_bytes.all.current": in_use, "allocated_bytes.all.peak": peak,
-            "active.all.current": live}
+    """torch.cuda.memory_stats's keys (those of torch.accelerator.memory_stats).
+    There is no caching allocator: allocated, reserved and active bytes are
+    the same, and segment and allocation counts are live buffers."""
+    return dict(torch.accelerator.memory_stats(_index(device)))
+
+
+def reset_max_memory_allocated(device=None) -> None:
+    reset_peak_memory_stats(device)
+
+
+def reset_accumulated_memory_stats(device=None) -> None:
+    """Nothing accumulates (see memory_stats)."""
+
+
+OutOfMemoryError = torch.OutOfMemoryError
 
 
 def memory_summary(device=None, abbreviated=False) -> str:

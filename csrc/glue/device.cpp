@@ -7,9 +7,11 @@
 #include "eager.h"
 #include "glue.h"
 
+#include <c10/core/CachingDeviceAllocator.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/util/Exception.h>
 
+#include <chrono>
 #include <cstdio>
 #include <limits>
 #include <string>
@@ -59,7 +61,9 @@ namespace {
 
 void delete_storage(void* p) { tp_storage_free(static_cast<tp_storage*>(p)); }
 
-struct TpAllocator final : c10::Allocator {
+// A DeviceAllocator (not just an Allocator) so that torch.accelerator's
+// memory functions reach the core's accounting, as they reach CUDA's.
+struct TpAllocator final : c10::DeviceAllocator {
   // A handle even for 0 bytes: resize_ and set_ later grow it in place, and
   // PyTorch treats a null DataPtr as "no storage".  The device buffer itself
   // is created lazily by the core on first write.
@@ -88,6 +92,49 @@ struct TpAllocator final : c10::Allocator {
   }
 
   c10::DeleterFnPtr raw_deleter() const override { return &delete_storage; }
+
+  bool initialized() override { return device_count() > 0; }
+  // Freed buffers go back to the plugin at once: nothing is cached.
+  void emptyCache(c10::MempoolId_t) override {}
+  // One in-order stream per device: a buffer is never reused under a
+  // pending use by another stream.
+  void recordStream(const c10::DataPtr&, c10::Stream) override {}
+
+  c10::CachingDeviceAllocator::DeviceStats getDeviceStats(c10::DeviceIndex dev) override {
+    check_device(dev);
+    tp_mem_stats ms{};
+    if (tp_status* st = tp_plugin_mem_stats(tp_runtime_plugin(), dev, &ms)) throw_status(st, "memory statistics");
+    c10::CachingDeviceAllocator::DeviceStats stats;
+    // No caching: bytes allocated, reserved and active are the same.
+    for (c10::CachingDeviceAllocator::StatArray* a : {&stats.allocated_bytes, &stats.reserved_bytes, &stats.active_bytes,
+                                                     &stats.requested_bytes}) {
+      (*a)[0].current = ms.bytes_in_use;
+      (*a)[0].peak = ms.peak_bytes;
+    }
+    for (c10::CachingDeviceAllocator::StatArray* a : {&stats.allocation, &stats.active, &stats.segment})
+      (*a)[0].current = ms.live_buffers;
+    return stats;
+  }
+
+  void resetAccumulatedStats(c10::DeviceIndex) override {}
+
+  void resetPeakStats(c10::DeviceIndex dev) override {
+    check_device(dev);
+    if (tp_status* st = tp_plugin_reset_peak(tp_runtime_plugin(), dev)) throw_status(st, "resetting peak statistics");
+  }
+
+  std::pair<size_t, size_t> getMemoryInfo(c10::DeviceIndex dev) override {
+    check_device(dev);
+    int64_t total = 0, free_bytes = 0;
+    if (tp_status* st = tp_plugin_device_memory(tp_runtime_plugin(), dev, &total, &free_bytes)) {
+      tp_status_free(st);  // host memory backs the device (the XLA CPU plugin)
+      tp_mem_stats ms{};
+      if (tp_status* s2 = tp_plugin_mem_stats(tp_runtime_plugin(), dev, &ms)) throw_status(s2, "memory statistics");
+      total = tp_runtime_device_capacity(dev);
+      free_bytes = total > ms.bytes_in_use ? total - ms.bytes_in_use : 0;
+    }
+    return {static_cast<size_t>(free_bytes), static_cast<size_t>(total)};
+  }
 
   // Allocator::clone() would copy bytes between two handles; device data
   // only moves through the op path (copy_ -> _copy_from -> C core).
@@ -168,18 +215,33 @@ struct TpGuardImpl final : c10::impl::DeviceGuardImplInterface {
     if (st) throw_status(st, "synchronize");
   }
 
-  // Events: recording leaves *event null (nothing to destroy); with a single
-  // in-order stream, blocking on or querying one has nothing to wait for.
-  void record(void**, const c10::Stream&, c10::DeviceIndex,
-              c10::EventFlag) const override {}
+  // Events.  With a single in-order stream, blocking on or querying one has
+  // nothing to wait for, so an event without timing is nothing (*event stays
+  // null).  The plugin's stream carries no timestamps, so a timing event
+  // (enable_timing=True, BACKEND_DEFAULT) waits for the device when recorded
+  // and keeps the host's clock: elapsed_time between two of them is the time
+  // the work queued between the records took, as CUDA's measures.
+  void record(void** event, const c10::Stream& s, c10::DeviceIndex,
+              c10::EventFlag flag) const override {
+    if (flag != c10::EventFlag::BACKEND_DEFAULT) return;
+    synchronizeDevice(s.device_index());
+    const double ms = std::chrono::duration<double, std::milli>(
+                          std::chrono::steady_clock::now().time_since_epoch())
+                          .count();
+    if (*event == nullptr) *event = new double(ms);
+    else *static_cast<double*>(*event) = ms;
+  }
+  void destroyEvent(void* event, c10::DeviceIndex) const noexcept override {
+    delete static_cast<double*>(event);
+  }
   void block(void*, const c10::Stream&) const override {}
   bool queryEvent(void*) const override { return true; }
   void synchronizeEvent(void*) const override {}
-  double elapsedTime(void*, void*, c10::DeviceIndex) const override {
-    TORCH_CHECK(false, c10::get_privateuse1_backend(),
-                " events carry no timestamps; time with time.perf_counter() "
-                "around torch.",
-                c10::get_privateuse1_backend(), ".synchronize()");
+  double elapsedTime(void* a, void* b, c10::DeviceIndex) const override {
+    TORCH_CHECK(a != nullptr && b != nullptr,
+                "Both events must be recorded with enable_timing=True before "
+                "calculating elapsed time.");
+    return *static_cast<double*>(b) - *static_cast<double*>(a);
   }
 };
 

@@ -191,4 +191,6 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("set_.source_Tensor", at::native::set_tensor_); // -> set_storage
   m.impl("set_", set_empty);
   m.impl("_has_compatible_shallow_copy_type", has_compatible_shallow_copy_type);
+  // One in-order stream per device: nothing to record.
+  m.impl("record_stream", [](at::Tensor&, c10::Stream) {});
 }

@@ -64,8 +64,13 @@ def _note_compile(name, inputs):
         prev = _last_inputs.get(name)
         _last_inputs[name] = sig
     if count > RECOMPILE_WARN_AFTER and prev is not None:
-        changed = [f"{n}: {tuple(s0)}/{d0} -> {tuple(s1)}/{d1}" for (n, s0, d0), (_, s1, d1) in zip(prev, sig)
-                   if s0 != s1 or d0 != d1]
+        # By name: a recompiled graph may take other inputs (a KV cache that
+        # appears after the first step).
+        before, after = {n: (s, d) for n, s, d in prev}, {n: (s, d) for n, s, d in sig}
+        changed = [f"{n}: {tuple(before[n][0])}/{before[n][1]} -> {tuple(s)}/{d}" for n, (s, d) in after.items()
+                   if n in before and before[n] != (s, d)]
+        changed += [f"{n} is new" for n in after if n not in before]
+        changed += [f"{n} is gone" for n in before if n not in after]
         what = "; ".join(changed) if changed else "guards other than input shapes or dtypes"
         warnings.warn(
             f"torch-pjrt: {name} was compiled {count} times (recompiled because of {what}). "

@@ -713,3 +713,35 @@ def test_user_generators_are_independent_and_reproducible():
 def test_generator_of_another_device_type_raises():
     with pytest.raises(RuntimeError, match="Expected a 'tpu' device type for generator but found 'cpu'"):
         torch.randn(3, generator=torch.Generator().manual_seed(0), device="tpu")
+
+
+def test_gamma_family_samplers_on_the_host():
+    """Gamma, Beta, Dirichlet, Poisson and Binomial sampling (rejection loops
+    in PyTorch's kernels) run on the host from a CPU generator seeded by the
+    tpu generator: right moments, reproducible with torch.manual_seed and
+    tpu Generators, and rsample's gradients as the CPU's."""
+    from torch.distributions import Beta, Binomial, Dirichlet, Gamma, Poisson
+
+    D = "tpu"
+    torch.manual_seed(0)
+    cases = [Gamma(torch.tensor([0.5, 2.0, 9.0], device=D), torch.tensor([1.0, 2.0, 0.5], device=D)),
+             Beta(torch.tensor([2.0, 0.5], device=D), torch.tensor([3.0, 0.5], device=D)),
+             Dirichlet(torch.tensor([1.0, 2.0, 3.0], device=D)),
+             Poisson(torch.tensor([0.5, 4.0, 30.0], device=D)),
+             Binomial(torch.tensor([10.0, 50.0], device=D), torch.tensor([0.3, 0.9], device=D))]
+    for dist in cases:
+        s = dist.sample((20000,))
+        assert s.device.type == "tpu"
+        sem = (dist.variance / 20000).sqrt()
+        assert ((s.mean(0) - dist.mean).abs() <= 5 * sem + 1e-6).all(), type(dist).__name__
+    torch.manual_seed(1)
+    a = torch._standard_gamma(torch.full((5,), 2.0, device=D)).cpu()
+    torch.manual_seed(1)
+    assert torch.equal(torch._standard_gamma(torch.full((5,), 2.0, device=D)).cpu(), a)
+    g = torch.Generator(device=D).manual_seed(3)
+    c = torch.poisson(torch.full((4,), 3.0, device=D), generator=g).cpu()
+    g.manual_seed(3)
+    assert torch.equal(torch.poisson(torch.full((4,), 3.0, device=D), generator=g).cpu(), c)
+    x, alpha = torch.tensor([0.3, 1.5, 4.0]), torch.tensor([0.5, 2.0, 3.0])
+    torch.testing.assert_close(torch._standard_gamma_grad(alpha.to(D), x.to(D)).cpu(),
+                               torch._standard_gamma_grad(alpha, x))

@@ -72,6 +72,10 @@ _HOST_OPS = {
     # computes it on the host too (MAGMA's geev).
     "aten::linalg_eig",
     "aten::_linalg_eigvals",
+    # The gradients of gamma and Dirichlet samples (rsample): series and
+    # asymptotic expansions per element, as the CPU computes them.
+    "aten::_standard_gamma_grad",
+    "aten::_dirichlet_grad",
 }
 
 # --------------------------------------------------------------------------
@@ -890,6 +894,33 @@ def _run_on_cpu(op, args, kwargs, count=True):
     return tree_map(back, res)
 
 
+def _host_sampler(name):
+    """Samplers PyTorch writes as per-element rejection loops (gamma, and
+    Dirichlet, Poisson, binomial built on it), run on the host: a CPU
+    generator seeded by one draw from the tpu generator (the device's, or the
+    one passed), so torch.manual_seed and tpu Generators make them
+    reproducible.  Counted with the CPU fallbacks."""
+    base, _, ovl = name.split("::")[1].partition(".")
+    op = getattr(getattr(torch.ops.aten, base), ovl or "default")
+    gi = next(i for i, a in enumerate(op._schema.arguments) if a.name == "generator")
+
+    def sample(*args, **kwargs):
+        args = list(args)
+        gen = args.pop(gi) if gi < len(args) else kwargs.pop("generator", None)
+        if gen is not None and gen.device.type != "tpu":
+            raise RuntimeError(f"Expected a 'tpu' device type for generator but found '{gen.device.type}'")
+        device = _device_of(args, kwargs)
+        seed = torch.randint(0, 1 << 62, (1,), device=torch.device("tpu", device or 0), generator=gen).item()
+        cpu_gen = torch.Generator().manual_seed(seed)
+        return _run_on_cpu(op, tuple(args[:gi]) + (cpu_gen,) + tuple(args[gi:]), kwargs)
+
+    return sample
+
+
+_HOST_SAMPLERS = {n: _host_sampler(n) for n in
+                  ("aten::_standard_gamma", "aten::_sample_dirichlet", "aten::poisson", "aten::binomial")}
+
+
 def _unsupported(op):
     name = _qualname(op)
     return NotImplementedError(
@@ -1094,6 +1125,7 @@ def _cholesky(self, upper=False):
 
 _SPECIAL = {
     **_composite.KERNELS,
+    **_HOST_SAMPLERS,
     "aten::cholesky": _cholesky,
     "aten::_fused_sdp_choice": _fused_sdp_choice,
     "aten::_copy_from": _copy_from,

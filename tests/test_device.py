@@ -44,6 +44,11 @@ def test_set_device():
         torch.tpu.set_device(0)
     with pytest.raises(RuntimeError):
         torch.tpu.set_device(7)
+    with torch.tpu.device_of(torch.ones(1, device="tpu:1")):
+        assert torch.tpu.current_device() == 1
+    with torch.tpu.device_of(torch.ones(1)):  # a CPU tensor leaves the device alone
+        assert torch.tpu.current_device() == 0
+    assert torch.tpu.current_device() == 0
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)

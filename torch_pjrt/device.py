@@ -73,6 +73,14 @@ class device:
         return False
 
 
+class device_of(device):  # noqa: N801 (torch.cuda.device_of's name)
+    """Context manager that makes the device of tensor `obj` current, if it
+    is on tpu (like torch.cuda.device_of)."""
+
+    def __init__(self, obj):
+        super().__init__(obj.get_device() if obj.device.type == "tpu" else None)
+
+
 def synchronize(device=None) -> None:
     """Wait until all work queued on the device has finished."""
     _C.synchronize(_index(device))

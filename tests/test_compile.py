@@ -470,6 +470,10 @@ DECOMPOSED = {
     "triu_indices": lambda x, i: x[tuple(torch.triu_indices(4, 5, 1, device=x.device))],
     "narrow_copy": lambda x, i: x.narrow_copy(1, 1, 2),
     "unfold": lambda x, i: x.unfold(1, 2, 1) * 2,
+    "copysign": lambda x, i: torch.copysign(i, x.flip(0)),
+    "copysign_scalar": lambda x, i: torch.copysign(x, -0.0),
+    "zeta": lambda x, i: torch.special.zeta(x.abs() + 1, 2.0),
+    "zeta_self_scalar": lambda x, i: torch.special.zeta(3.0, x.abs() + 1),
 }
 
 

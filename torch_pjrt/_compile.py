@@ -8,6 +8,7 @@ runs eagerly instead (with a warning naming the op), so compiling never makes
 a model stop working.
 """
 import copy
+import math
 import operator
 import threading
 import warnings
@@ -581,6 +582,23 @@ def _rfftfreq(n, d=1.0, *, dtype=None, layout=None, device=None, pin_memory=None
     return torch.arange(n // 2 + 1, dtype=dtype or torch.get_default_dtype(), device=device) * (1.0 / (n * d))
 
 
+def _copysign(a, b):
+    """copysign in lowered ops (PyTorch's reference uses prims.signbit)."""
+    dt = torch.result_type(a, b)
+    mag = a.to(dt if dt.is_floating_point else torch.get_default_dtype()).abs()
+    if not isinstance(b, torch.Tensor):
+        return -mag if math.copysign(1.0, b) < 0 else mag
+    return torch.where(torch.signbit(b), -mag, mag)
+
+
+def _zeta(x, q):
+    """special_zeta with a number for one side (PyTorch's reference uses prims.zeta)."""
+    like = x if isinstance(x, torch.Tensor) else q
+    dt = like.dtype if like.is_floating_point() else torch.get_default_dtype()
+    full = lambda v: v.to(dt) if isinstance(v, torch.Tensor) else torch.full_like(like, v, dtype=dt)  # noqa: E731
+    return torch.ops.aten.special_zeta.default(full(x), full(q))
+
+
 def _decompositions():
     from torch._decomp import core_aten_decompositions, decomposition_table
 
@@ -594,6 +612,8 @@ def _decompositions():
                A.addmm.dtype, A.rrelu_with_noise_backward.default):
         table[op] = decomposition_table[op]
     table[A.logcumsumexp.default] = A._logcumsumexp.default
+    table[A.copysign.Tensor] = table[A.copysign.Scalar] = _copysign
+    table[A.special_zeta.other_scalar] = table[A.special_zeta.self_scalar] = _zeta
     # Factories with a composite kernel in eager mode that graphs keep whole.
     table[torch.ops.aten.fft_fftfreq.default] = _fftfreq
     table[torch.ops.aten.fft_rfftfreq.default] = _rfftfreq

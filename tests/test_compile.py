@@ -474,6 +474,8 @@ DECOMPOSED = {
     "copysign_scalar": lambda x, i: torch.copysign(x, -0.0),
     "zeta": lambda x, i: torch.special.zeta(x.abs() + 1, 2.0),
     "zeta_self_scalar": lambda x, i: torch.special.zeta(3.0, x.abs() + 1),
+    "lcm": lambda x, i: torch.lcm(i, i.flip(1) * 3),
+    "lcm_int8": lambda x, i: torch.lcm(i.to(torch.int8) * 11, i.flip(0).to(torch.int8) * 7),
 }
 
 

@@ -599,6 +599,16 @@ def _zeta(x, q):
     return torch.ops.aten.special_zeta.default(full(x), full(q))
 
 
+def _lcm(a, b):
+    """lcm as PyTorch's reference computes it, in lowered ops."""
+    dt = a.dtype
+    if dt in (torch.int8, torch.int16):  # as the reference: no overflow in between
+        a, b = a.to(torch.int32), b.to(torch.int32)
+    g = torch.gcd(a, b)
+    g = torch.where(g == 0, torch.ones_like(g), g)
+    return (torch.div(a, g, rounding_mode="trunc") * b).abs().to(dt)
+
+
 def _decompositions():
     from torch._decomp import core_aten_decompositions, decomposition_table
 
@@ -613,6 +623,7 @@ def _decompositions():
         table[op] = decomposition_table[op]
     table[A.logcumsumexp.default] = A._logcumsumexp.default
     table[A.copysign.Tensor] = table[A.copysign.Scalar] = _copysign
+    table[A.lcm.default] = _lcm
     table[A.special_zeta.other_scalar] = table[A.special_zeta.self_scalar] = _zeta
     # Factories with a composite kernel in eager mode that graphs keep whole.
     table[torch.ops.aten.fft_fftfreq.default] = _fftfreq

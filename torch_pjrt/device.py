@@ -295,12 +295,5 @@ def mem_get_info(device=None):
 
     Plugins that do not report device memory (the XLA CPU plugin) give the
     host's physical memory as total and total minus what tpu tensors hold as
-    free."""
-    idx = _index(device)
-    r = _C.device_memory(idx)
-    if r is not None:
-        total, free = r
-        return free, total
-
-    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    return max(total - memory_allocated(idx), 0), total
+    free (the allocator's getMemoryInfo, csrc/glue/device.cpp)."""
+    return torch.accelerator.get_memory_info(_index(device))

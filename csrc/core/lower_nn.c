@@ -2117,11 +2117,28 @@ static void r_group_norm_backward(tp_emit *e, const tp_node *n, tp_val *o) {
 /* The CPU kernels' dtypes: float, double, half, bfloat16. */
 static int wn_dtype_ok(tp_dtype dt) { return dt == TP_F32 || dt == TP_F64 || dt == TP_F16 || dt == TP_BF16; }
 
-static int wn_reduced(int rank, int64_t dim, int64_t *red) {
-  int k = 0;
-  for (int i = 0; i < rank; i++)
-    if (i != dim) red[k++] = i;
-  return k;
+/* What both rules start from: v in opmath, the dims its norm reduces (all
+ * but `dim`) and those it keeps, and all of v's dims (a compiled 1-d v's
+ * whole-tensor form).  0 after a failure (a dtype without a CPU kernel). */
+typedef struct wn_v {
+  tp_type t; /* v's sizes, opmath dtype */
+  tp_val vc; /* v in opmath */
+  int nr;
+  int64_t red[TP_MAX_RANK], kept[TP_MAX_RANK], all[TP_MAX_RANK];
+} wn_v;
+
+static int wn_begin(tp_emit *e, tp_val v, int64_t dim, const char *kernel, tp_val *o, wn_v *w) {
+  w->t = *em_type(e, v);
+  if (!wn_dtype_ok(w->t.dt)) {
+    o[0] = lw_not_for(e, kernel, w->t.dt);
+    return 0;
+  }
+  w->t.dt = lw_opmath(w->t.dt);
+  w->vc = em_convert(e, v, w->t.dt);
+  w->nr = kept_dims(w->t.rank, &dim, 1, w->red);
+  kept_dims(w->t.rank, w->red, w->nr, w->kept);
+  for (int i = 0; i < w->t.rank; i++) w->all[i] = i;
+  return 1;
 }
 
 /* Argument i (g or a saved norm), in dtype ct, shaped like the per-slice
@@ -2138,28 +2155,17 @@ static tp_val wn_per_slice(tp_emit *e, const tp_node *n, int i, tp_val like, tp_
 
 static void r_weight_norm(tp_emit *e, const tp_node *n, tp_val *o) {
   tp_val v = lw_value(e, n, 0);
-  if (v < 0) return;
-  tp_type vt = *em_type(e, v);
-  if (!wn_dtype_ok(vt.dt)) {
-    o[0] = lw_not_for(e, "weight_norm_kernel", vt.dt);
-    return;
-  }
-  tp_dtype ct = lw_opmath(vt.dt);
-  int64_t red[TP_MAX_RANK], kept[TP_MAX_RANK];
-  int nr = wn_reduced(vt.rank, lw_int(n, 2, 0), red);
-  kept_dims(vt.rank, red, nr, kept);
-  tp_type ctt = vt;
-  ctt.dt = ct;
-  tp_val vc = em_convert(e, v, ct);
-  tp_val norm = em_unary(e, "stablehlo.sqrt", rsum(e, mul(e, vc, vc), red, nr));
+  wn_v w;
+  if (v < 0 || !wn_begin(e, v, lw_int(n, 2, 0), "weight_norm_kernel", o, &w)) return;
+  tp_dtype ct = w.t.dt;
+  tp_val vc = w.vc;
+  tp_val norm = em_unary(e, "stablehlo.sqrt", rsum(e, mul(e, vc, vc), w.red, w.nr));
   if (tp_type_numel(OUT(1)) == 1 && tp_type_numel(em_type(e, norm)) != 1) {
     /* A compiled graph's 1-d v: the meta function (and torch.compile on the
      * CPU, through the decomposition) norms it whole, w = v * g / |v|, where
      * the CPU kernel takes each element as a slice.  Follow the graph's
      * shapes; the backward rule differentiates this form. */
-    int64_t all[TP_MAX_RANK];
-    for (int i = 0; i < vt.rank; i++) all[i] = i;
-    norm = em_unary(e, "stablehlo.sqrt", rsum(e, mul(e, vc, vc), all, vt.rank));
+    norm = em_unary(e, "stablehlo.sqrt", rsum(e, mul(e, vc, vc), w.all, w.t.rank));
     tp_val g = wn_per_slice(e, n, 1, vc, ct, "g");
     if (g < 0) return;
     o[0] = as_out(e, n, 0, mul(e, vc, lw_bin(e, "stablehlo.divide", g, norm)));
@@ -2169,7 +2175,7 @@ static void r_weight_norm(tp_emit *e, const tp_node *n, tp_val *o) {
   tp_val g = wn_per_slice(e, n, 1, norm, ct, "g");
   if (g < 0) return;
   tp_val a = dv(e, g, norm);
-  o[0] = as_out(e, n, 0, mul(e, vc, bcast(e, a, &ctt, kept)));
+  o[0] = as_out(e, n, 0, mul(e, vc, bcast(e, a, &w.t, w.kept)));
   o[1] = as_out(e, n, 1, norm);
 }
 
@@ -2180,38 +2186,27 @@ static void r_weight_norm(tp_emit *e, const tp_node *n, tp_val *o) {
  * 0 / 0 = NaN there too). */
 static void r_weight_norm_backward(tp_emit *e, const tp_node *n, tp_val *o) {
   tp_val gw = lw_value(e, n, 0), v = lw_value(e, n, 1);
-  if (gw < 0 || v < 0) return;
-  tp_type vt = *em_type(e, v);
-  if (!wn_dtype_ok(vt.dt)) {
-    o[0] = lw_not_for(e, "weight_norm_backward_kernel", vt.dt);
-    return;
-  }
-  if (tp_type_numel(em_type(e, gw)) != tp_type_numel(&vt)) {
+  wn_v w;
+  if (gw < 0 || v < 0 || !wn_begin(e, v, lw_int(n, 4, 0), "weight_norm_backward_kernel", o, &w)) return;
+  if (tp_type_numel(em_type(e, gw)) != tp_type_numel(&w.t)) {
     o[0] = em_fail(e, TP_INVALID_ARGUMENT, "%s: grad_w and saved_v differ in size", n->op);
     return;
   }
-  tp_dtype ct = lw_opmath(vt.dt);
-  int64_t red[TP_MAX_RANK], kept[TP_MAX_RANK];
-  int nr = wn_reduced(vt.rank, lw_int(n, 4, 0), red);
-  kept_dims(vt.rank, red, nr, kept);
-  tp_type ctt = vt;
-  ctt.dt = ct;
-  tp_val vc = em_convert(e, v, ct);
-  tp_val gc = em_reshape(e, em_convert(e, gw, ct), vt.rank, vt.dims);
-  tp_val s = rsum(e, mul(e, gc, vc), red, nr);
+  tp_dtype ct = w.t.dt;
+  tp_val vc = w.vc;
+  tp_val gc = em_reshape(e, em_convert(e, gw, ct), w.t.rank, w.t.dims);
+  tp_val s = rsum(e, mul(e, gc, vc), w.red, w.nr);
   tp_val sn = lw_value(e, n, 3);
   if (sn < 0) return;
   if (tp_type_numel(em_type(e, sn)) == 1 && tp_type_numel(em_type(e, s)) != 1) {
     /* the whole-norm form of a compiled 1-d v (see r_weight_norm):
      * w = v * g / N, N = |v|: grad_g = grad_w * v / N,
      * grad_v = grad_w * g / N - v * sum(grad_w * g * v) / N^3 */
-    int64_t all[TP_MAX_RANK];
-    for (int i = 0; i < vt.rank; i++) all[i] = i;
     tp_val nrm = em_reshape(e, em_convert(e, sn, ct), 0, NULL);
     tp_val g = wn_per_slice(e, n, 2, vc, ct, "saved_g");
     if (g < 0) return;
     tp_val gg = lw_bin(e, "stablehlo.divide", mul(e, gc, vc), nrm);
-    tp_val t = rsum(e, mul(e, mul(e, gc, g), vc), all, vt.rank);
+    tp_val t = rsum(e, mul(e, mul(e, gc, g), vc), w.all, w.t.rank);
     tp_val n3 = mul(e, nrm, mul(e, nrm, nrm));
     tp_val gv = sub(e, lw_bin(e, "stablehlo.divide", mul(e, gc, g), nrm), lw_bin(e, "stablehlo.multiply", vc, dv(e, t, n3)));
     o[0] = as_out(e, n, 0, gv);
@@ -2224,7 +2219,7 @@ static void r_weight_norm_backward(tp_emit *e, const tp_node *n, tp_val *o) {
   tp_val grad_g = dv(e, s, norm);
   tp_val a = dv(e, g, norm);
   tp_val b = dv(e, mul(e, a, grad_g), norm);
-  tp_val grad_v = sub(e, mul(e, bcast(e, a, &ctt, kept), gc), mul(e, bcast(e, b, &ctt, kept), vc));
+  tp_val grad_v = sub(e, mul(e, bcast(e, a, &w.t, w.kept), gc), mul(e, bcast(e, b, &w.t, w.kept), vc));
   o[0] = as_out(e, n, 0, grad_v);
   o[1] = as_out(e, n, 1, grad_g);
 }

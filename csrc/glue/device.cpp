@@ -71,8 +71,9 @@ struct TpAllocator final : c10::DeviceAllocator {
     const c10::DeviceIndex dev = current_device();
     check_device(dev);
     // The buffer comes later, but a size that can never fit fails here, as
-    // CUDA's allocator would, not at some later op.
-    const int64_t cap = tp_runtime_device_capacity(dev);
+    // CUDA's allocator would, not at some later op.  (Every device holds a
+    // GiB: smaller sizes, nearly every allocation, skip the runtime's lock.)
+    const int64_t cap = nbytes > (size_t{1} << 30) ? tp_runtime_device_capacity(dev) : 0;
     if (cap > 0 && nbytes > static_cast<uint64_t>(cap)) {
       constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
       char msg[256];

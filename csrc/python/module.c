@@ -552,22 +552,6 @@ static PyObject *py_reset_peak(PyObject *self, PyObject *a) {
   Py_RETURN_NONE;
 }
 
-/* (total, free) or None when the plugin does not report device memory. */
-static PyObject *py_device_memory(PyObject *self, PyObject *a) {
-  (void)self;
-  int d;
-  if (!PyArg_ParseTuple(a, "i", &d) || check_device(d) < 0) return NULL;
-  tp_plugin *p = plugin_or_raise();
-  if (!p) return NULL;
-  int64_t total = 0, fr = 0;
-  tp_status *st = tp_plugin_device_memory(p, d, &total, &fr);
-  if (st) {
-    tp_status_free(st);
-    Py_RETURN_NONE;
-  }
-  return Py_BuildValue("(LL)", (long long)total, (long long)fr);
-}
-
 static PyObject *py_manual_seed(PyObject *self, PyObject *a) {
   (void)self;
   int d;
@@ -943,7 +927,6 @@ static PyMethodDef methods[] = {
     {"synchronize", py_synchronize, METH_VARARGS, "synchronize(device): wait for pending work (-1: all)"},
     {"mem_stats", py_mem_stats, METH_VARARGS, "mem_stats(device) -> (bytes_in_use, peak, live_buffers)"},
     {"reset_peak", py_reset_peak, METH_VARARGS, "reset_peak(device)"},
-    {"device_memory", py_device_memory, METH_VARARGS, "device_memory(device) -> (total, free) or None"},
     {"manual_seed", py_manual_seed, METH_VARARGS, "manual_seed(device, seed)"},
     {"initial_seed", py_initial_seed, METH_VARARGS, "initial_seed(device) -> seed"},
     {"stats", py_stats, METH_NOARGS, "eager engine counters"},

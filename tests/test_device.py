@@ -1,5 +1,6 @@
 """The "tpu" device: torch.tpu API, transfers, factories, aliasing, several
 devices, errors."""
+import copy
 import os
 import subprocess
 import sys
@@ -571,6 +572,43 @@ def test_streams_and_events():
     with pytest.raises(ValueError, match="enable_timing"):
         ev.elapsed_time(end)
     x.record_stream(torch.tpu.Stream())  # a no-op: one in-order stream
+    with torch.tpu.StreamContext(torch.tpu.current_stream()):
+        z = z * 2
+    with torch.tpu.StreamContext(None):
+        z = z - 1
+    torch.testing.assert_close(z.cpu(), (x.cpu() @ x.cpu() + 1) * 2 - 1, rtol=1e-4, atol=1e-4)
+    with pytest.raises(ValueError, match="expected a tpu stream"):
+        torch.tpu.StreamContext(torch.Stream(device="cpu")).__enter__()
+
+
+def test_tpu_amp_mirrors_cuda_amp():
+    """torch.tpu.amp.autocast / GradScaler are torch.amp's for "tpu", as
+    torch.cuda.amp's are for "cuda"; autocast defaults to bfloat16."""
+    from torch.tpu.amp import GradScaler, autocast
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 4)
+    x, y = torch.randn(16, 8), torch.randn(16, 4)
+    results = []
+    for dev in ("cpu", "tpu"):
+        m = copy.deepcopy(model).to(dev)
+        opt = torch.optim.SGD(m.parameters(), lr=0.1)
+        scaler = GradScaler(init_scale=1024.0) if dev == "tpu" else torch.amp.GradScaler("cpu", init_scale=1024.0)
+        ctx = autocast() if dev == "tpu" else torch.autocast("cpu", dtype=torch.bfloat16)
+        with ctx:
+            out = m(x.to(dev))
+            assert out.dtype == torch.bfloat16
+            loss = torch.nn.functional.mse_loss(out.float(), y.to(dev))
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        results.append((loss.item(), scaler.get_scale(), m.weight.detach().cpu()))
+    (l0, s0, w0), (l1, s1, w1) = results
+    assert s0 == s1 == 1024.0
+    assert abs(l0 - l1) <= 1e-2 * abs(l0)
+    torch.testing.assert_close(w1, w0, rtol=1e-2, atol=1e-2)
+    with torch.tpu.amp.autocast(dtype=torch.float16):
+        assert torch.get_autocast_dtype("tpu") == torch.float16
 
 
 def test_accelerator_memory_api():

@@ -8,6 +8,7 @@ the XLA CPU plugin), renames PyTorch's PrivateUse1 backend to "tpu",
 registers torch.tpu and the op fallback that runs ops through the C core.
 """
 import os
+import sys
 
 import torch
 
@@ -50,6 +51,7 @@ if not torch._C._dispatch_has_kernel_for_dispatch_key("aten::empty.memory_format
 from . import device as _device_mod  # noqa: E402
 
 torch._register_device_module("tpu", _device_mod)
+sys.modules["torch.tpu.amp"] = _device_mod.amp  # `from torch.tpu.amp import GradScaler`, as for torch.cuda.amp
 torch.utils.generate_methods_for_privateuse1_backend(for_tensor=True, for_module=True, for_storage=True)
 # torch.autocast("tpu") without a dtype: bfloat16, the TPU's native mixed
 # precision (PyTorch's default for a PrivateUse1 device is float16).

@@ -1,12 +1,10 @@
 """torch.tpu: the device module, shaped like torch.cuda."""
-import contextlib
 import os
-
 import struct
 
 import torch
 
-from . import _C
+from . import _C, amp  # noqa: F401 (torch.tpu.amp)
 
 _seed_lock = None
 _pid = os.getpid()
@@ -117,12 +115,23 @@ def set_stream(stream) -> None:
         raise ValueError(f"expected a tpu stream, got one on {stream.device}")
 
 
-@contextlib.contextmanager
-def stream(s):
-    """torch.cuda.stream's counterpart: work inside runs on `s`, which is the
-    device's one stream."""
-    set_stream(s)
-    yield s
+class StreamContext:
+    """torch.cuda.StreamContext's counterpart: work inside runs on `stream`,
+    which is the device's one stream (None: no change)."""
+
+    def __init__(self, stream):
+        self.stream = stream
+
+    def __enter__(self):
+        set_stream(self.stream)
+        return self.stream
+
+    def __exit__(self, *exc):
+        return None
+
+
+def stream(s) -> StreamContext:
+    return StreamContext(s)
 
 
 def get_device_name(device=None) -> str:

@@ -476,6 +476,9 @@ DECOMPOSED = {
     "zeta_self_scalar": lambda x, i: torch.special.zeta(3.0, x.abs() + 1),
     "lcm": lambda x, i: torch.lcm(i, i.flip(1) * 3),
     "lcm_int8": lambda x, i: torch.lcm(i.to(torch.int8) * 11, i.flip(0).to(torch.int8) * 7),
+    "complex_polar": lambda x, i: torch.view_as_real(torch.complex(x, x.flip(0)) * torch.polar(x.abs(), x.flip(1))),
+    "view_as_complex": lambda x, i: torch.view_as_complex(x[:, 1:5].clone().reshape(4, 2, 2)).abs(),
+    "histc": lambda x, i: torch.cat([torch.histc(x * 2, bins=6, min=-2, max=3), torch.histc(x, bins=4)]),
 }
 
 
@@ -491,3 +494,27 @@ def test_ops_eager_decomposes_lower_in_graphs(case):
     with all_graphs_lowered():
         got = torch.compile(DECOMPOSED[case], backend="tpu")(x.to("tpu"), i.to("tpu"))
     torch.testing.assert_close(got.cpu(), DECOMPOSED[case](x, i))
+
+
+def test_complex_rotary_embedding_trains_compiled():
+    """Meta's reference Llama applies rotary embeddings in complex numbers
+    (polar, view_as_complex, view_as_real): forward and backward compile into
+    programs and match the CPU."""
+    from util import all_graphs_lowered
+
+    def rope(q, freqs):
+        cis = torch.polar(torch.ones_like(freqs), freqs)
+        qc = torch.view_as_complex(q.float().reshape(*q.shape[:-1], -1, 2))
+        return torch.view_as_real(qc * cis).flatten(2).type_as(q)
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    q = torch.randn(2, 6, 8, requires_grad=True)
+    freqs = torch.outer(torch.arange(6.0), 1.0 / 10000 ** (torch.arange(0, 8, 2.0) / 8))
+    qt = q.detach().to("tpu").requires_grad_()
+    (rope(q, freqs) ** 2 * torch.arange(8.0)).sum().backward()
+    with all_graphs_lowered():
+        out = torch.compile(rope, backend="tpu")(qt, freqs.to("tpu"))
+        (out ** 2 * torch.arange(8.0, device="tpu")).sum().backward()
+    torch.testing.assert_close(out.detach().cpu(), rope(q, freqs).detach(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(qt.grad.cpu(), q.grad, rtol=1e-5, atol=1e-5)

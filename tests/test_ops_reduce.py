@@ -23,7 +23,7 @@ LOWERED = [
     "aten::_log_softmax", "aten::_softmax_backward_data", "aten::_log_softmax_backward_data", "aten::mm",
     "aten::bmm", "aten::mv", "aten::dot", "aten::vdot", "aten::addmm", "aten::baddbmm", "aten::addmv",
     "aten::addbmm", "aten::_addmm_activation", "aten::sort", "aten::sort.stable", "aten::topk", "aten::kthvalue",
-    "aten::median", "aten::median.dim", "aten::nanmedian", "aten::nanmedian.dim",
+    "aten::median", "aten::median.dim", "aten::nanmedian", "aten::nanmedian.dim", "aten::histc",
 ]
 
 
@@ -529,3 +529,42 @@ def test_products_refuse_mixed_dtypes_like_cpu(case):
         MIXED[case]("cpu")
     with pytest.raises(type(cpu.value), match="dtype|not implemented for 'Bool'"):
         MIXED[case]("tpu")
+
+
+HISTC = [
+    (lambda: torch.randn(1000), dict(bins=10)),
+    (lambda: torch.randn(1000), dict(bins=7, min=-1, max=1.5)),
+    (lambda: torch.randn(100, dtype=torch.float64), dict(bins=33, min=-3, max=3)),
+    (lambda: torch.full((2, 2), 2.0), dict(bins=3)),  # min == max == every value: [1, 3]
+    (lambda: torch.tensor([]), dict(bins=3)),
+    (lambda: torch.tensor([1.0, 2.0, NAN, 3.0, -INF, INF]), dict(bins=4, min=0, max=4)),  # NaN, inf skipped
+    (lambda: torch.arange(5.0).half(), dict(bins=4)),
+    (lambda: torch.randn(3000).bfloat16(), dict(bins=50, min=-2, max=2)),
+    (lambda: torch.linspace(0, 1, 101), dict(bins=10, min=0, max=1)),  # values on bin edges
+    (lambda: torch.randint(0, 10, (500,)).float().reshape(20, 25), dict(bins=10)),
+]
+
+
+@pytest.mark.parametrize("case", range(len(HISTC)))
+def test_histc_matches_cpu_exactly(case):
+    torch.manual_seed(case)
+    make, kw = HISTC[case]
+    x = make()
+    want = torch.histc(x, **kw)
+    got = torch.histc(x.to("tpu"), **kw).cpu()
+    assert got.dtype == want.dtype
+    assert torch.equal(got, want), (got, want)
+
+
+@pytest.mark.parametrize("x, kw, msg", [
+    ([1.0, INF], {}, "range of .* is not finite"),
+    ([1.0, NAN], {}, "range of .* is not finite"),
+    ([1.0, 2.0], dict(min=3, max=1), "max must be larger than min"),
+])
+def test_histc_bad_range_raises_like_cpu(x, kw, msg):
+    with pytest.raises(RuntimeError, match=msg):
+        torch.histc(torch.tensor(x), **kw)
+    with pytest.raises(RuntimeError, match=msg):
+        torch.histc(torch.tensor(x, device="tpu"), **kw).cpu()
+    with pytest.raises(NotImplementedError, match="histogram_cpu.*Long"):
+        torch.histc(torch.arange(3, device="tpu"))

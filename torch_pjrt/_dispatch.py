@@ -67,7 +67,6 @@ _HOST_OPS = {
     "aten::_unique",
     "aten::repeat_interleave.Tensor",
     "aten::bincount",
-    "aten::histc",
     # The general (non-symmetric) eigendecomposition has no XLA form; CUDA
     # computes it on the host too (MAGMA's geev).
     "aten::linalg_eig",

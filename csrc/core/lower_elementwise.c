@@ -447,6 +447,27 @@ static void r_conj_physical(tp_emit *e, const tp_node *n, tp_val *o) {
   o[0] = finish(e, n, x);
 }
 
+/* complex(real, imag), and polar(abs, angle) = complex(abs cos(angle), abs
+ * sin(angle)): parts broadcast to the output's shape in its real dtype (the
+ * meta function has checked that both are float or double, alike). */
+static void complex_of(tp_emit *e, const tp_node *n, tp_val *o, int polar) {
+  if (!isc(OUT0->dt)) {
+    o[0] = em_fail(e, TP_UNIMPLEMENTED, "%s: a %s result is not supported on tpu yet", n->op, tp_dtype_name(OUT0->dt));
+    return;
+  }
+  tp_type pt = lw_out_as(n, 0, OUT0->dt == TP_C64 ? TP_F32 : TP_F64);
+  tp_val parts[2] = {lw_operand(e, n, 0, &pt), lw_operand(e, n, 1, &pt)};
+  if (polar) {
+    tp_val r = parts[0], a = parts[1];
+    parts[0] = mul(e, r, un(e, "stablehlo.cosine", a));
+    parts[1] = mul(e, r, un(e, "stablehlo.sine", a));
+  }
+  tp_type t = lw_out_as(n, 0, OUT0->dt);
+  o[0] = em_op(e, "stablehlo.complex", NULL, parts, 2, &t);
+}
+static void r_complex(tp_emit *e, const tp_node *n, tp_val *o) { complex_of(e, n, o, 0); }
+static void r_polar(tp_emit *e, const tp_node *n, tp_val *o) { complex_of(e, n, o, 1); }
+
 /* digamma(+-0) = -+inf (PyTorch, C++ and SciPy); chlo.digamma gives NaN there. */
 tp_val lw_digamma(tp_emit *e, tp_val x) {
   tp_val at0 = un(e, "stablehlo.negate", dv(e, k(e, x, 1), x)); /* copysign(inf, -x) */
@@ -943,6 +964,10 @@ const tp_lower_entry tp_lower_elementwise[] = {
     {"aten::abs", r_abs},
     {"aten::neg", r_neg},
     {"aten::conj_physical", r_conj_physical},
+    {"aten::_conj", r_conj_physical}, /* graphs: values, not conjugate-bit views */
+    {"aten::_neg_view", r_neg},
+    {"aten::complex", r_complex},
+    {"aten::polar", r_polar},
     {"aten::sign", r_sign},
     {"aten::floor", r_floor},
     {"aten::ceil", r_ceil},

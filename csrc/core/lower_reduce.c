@@ -1098,6 +1098,62 @@ static void r_median_dim(tp_emit *e, const tp_node *n, tp_val *o) { median_like(
 static void r_nanmedian(tp_emit *e, const tp_node *n, tp_val *o) { median_like(e, n, o, 1, 1); }
 static void r_nanmedian_dim(tp_emit *e, const tp_node *n, tp_val *o) { median_like(e, n, o, 0, 1); }
 
+/* histc(x, bins, min, max), as PyTorch's CPU kernel computes it.  The range
+ * is [min, max] in double (the data's own when min == max, widened by 1 each
+ * way if still empty), its end points taken in x's dtype like linspace's;
+ * an element in range goes to bin (int64)((v - lo) * bins / (hi - lo)),
+ * evaluated in x's dtype step by step (f16/bf16 round after each step, as
+ * c10::Half arithmetic does), v == hi to the last bin.  A non-finite or
+ * empty range raises at the next synchronisation (a device-side check). */
+static void r_histc(tp_emit *e, const tp_node *n, tp_val *o) {
+  tp_val x = lw_value(e, n, 0);
+  tp_dtype dt = dt_of(e, x), ct = lw_opmath(dt);
+  if (!tp_dtype_is_float(dt)) {
+    o[0] = lw_not_for(e, "histogram_cpu", dt);
+    return;
+  }
+  int64_t bins = n->outs[0].dims[0], N = tp_type_numel(em_type(e, x)), d0 = 0;
+  tp_val flat = em_reshape(e, x, 1, &N);
+  tp_val lo = num_arg(e, n, 2, TP_F64, 0), hi = num_arg(e, n, 3, TP_F64, 0);
+  if (N > 0) { /* min == max: the data's range (NaN if any element is NaN, as aminmax gives) */
+    tp_val v = em_convert(e, flat, TP_F64);
+    tp_val dmin = em_reduce(e, v, em_const(e, INFINITY, TP_F64), &d0, 1, "stablehlo.minimum");
+    tp_val dmax = em_reduce(e, v, em_const(e, -INFINITY, TP_F64), &d0, 1, "stablehlo.maximum");
+    tp_val same = em_compare(e, "EQ", lo, hi);
+    lo = em_select(e, same, nan_fix(e, v, dmin, &d0, 1), lo);
+    hi = em_select(e, same, nan_fix(e, v, dmax, &d0, 1), hi);
+  }
+  tp_val eq = em_compare(e, "EQ", lo, hi);
+  lo = em_select(e, eq, sub(e, lo, kl(e, lo, 1)), lo);
+  hi = em_select(e, eq, add(e, hi, kl(e, hi, 1)), hi);
+  tp_type bt = tp_type_make(TP_BOOL, 0, NULL);
+  tp_val finite = em_binary(e, "stablehlo.and", em_op(e, "stablehlo.is_finite", NULL, &lo, 1, &bt),
+                            em_op(e, "stablehlo.is_finite", NULL, &hi, 1, &bt));
+  lw_check_text(e, n, em_convert(e, finite, TP_I64), 1, 2, TP_INVALID_ARGUMENT,
+                "torch.histc: range of [min, max] is not finite: pass finite min and max (with min == max, the "
+                "default, the range is the input's own, and the input holds inf or NaN)");
+  lw_check_text(e, n, em_convert(e, em_compare(e, "LT", lo, hi), TP_I64), 1, 2, TP_INVALID_ARGUMENT,
+                "torch.histc: max must be larger than min");
+  tp_type ht = tp_type_make(dt, 1, (int64_t[]){bins + 1});
+  tp_val hist = em_full(e, 0, &ht);
+  if (N > 0) {
+    tp_type ft = tp_type_make(ct, 1, &N);
+    lo = em_bcast_to(e, em_convert(e, em_convert(e, lo, dt), ct), 1, &N);
+    hi = em_bcast_to(e, em_convert(e, em_convert(e, hi, dt), ct), 1, &N);
+    tp_val v = em_convert(e, flat, ct);
+    tp_val q = em_round_to(e, sub(e, v, lo), dt);
+    q = em_round_to(e, mul(e, q, em_full(e, (double)bins, &ft)), dt);
+    q = em_round_to(e, dv(e, q, em_round_to(e, sub(e, hi, lo), dt)), dt);
+    tp_type it = tp_type_make(TP_I64, 1, &N);
+    tp_val pos = em_convert(e, q, TP_I64), nb = em_full(e, (double)bins, &it);
+    pos = em_select(e, em_compare(e, "EQ", pos, nb), em_full(e, (double)(bins - 1), &it), pos);
+    tp_val in = em_binary(e, "stablehlo.and", em_compare(e, "GE", v, lo), em_compare(e, "LE", v, hi));
+    pos = em_select(e, in, pos, nb); /* out of range (or NaN): the extra bin, dropped */
+    hist = em_scatter_flat(e, hist, pos, em_full(e, 1, &(tp_type){dt, 1, {N}}), "stablehlo.add");
+  }
+  o[0] = em_slice(e, hist, &d0, &bins, (int64_t[]){1});
+}
+
 const tp_lower_entry tp_lower_reduce[] = {
     {"aten::sum", r_sum},
     {"aten::sum.dim_IntList", r_sum_dim},
@@ -1154,5 +1210,6 @@ const tp_lower_entry tp_lower_reduce[] = {
     {"aten::median.dim", r_median_dim},
     {"aten::nanmedian", r_nanmedian},
     {"aten::nanmedian.dim", r_nanmedian_dim},
+    {"aten::histc", r_histc},
     {NULL, NULL},
 };

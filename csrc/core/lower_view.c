@@ -32,6 +32,36 @@ static void transpose2(tp_emit *e, const tp_node *n, tp_val *o, int d0, int d1) 
   o[0] = em_transpose(e, lw_value(e, n, 0), perm);
 }
 
+/* view_as_real: (..., 2) holding (re, im); view_as_complex its inverse. */
+static void r_view_as_real(tp_emit *e, const tp_node *n, tp_val *o) {
+  tp_val z = lw_value(e, n, 0);
+  tp_type pt = *em_type(e, z);
+  pt.dt = n->outs[0].dt;
+  tp_val parts[2] = {em_op(e, "stablehlo.real", NULL, &z, 1, &pt), em_op(e, "stablehlo.imag", NULL, &z, 1, &pt)};
+  int64_t d1[TP_MAX_RANK];
+  memcpy(d1, n->outs[0].dims, sizeof d1);
+  d1[n->outs[0].rank - 1] = 1;
+  for (int i = 0; i < 2; i++) parts[i] = em_reshape(e, parts[i], n->outs[0].rank, d1);
+  o[0] = em_concat(e, parts, 2, n->outs[0].rank - 1);
+}
+
+static void r_view_as_complex(tp_emit *e, const tp_node *n, tp_val *o) {
+  tp_val x = lw_value(e, n, 0);
+  const tp_type *t = em_type(e, x);
+  int64_t start[TP_MAX_RANK] = {0}, limit[TP_MAX_RANK], step[TP_MAX_RANK];
+  for (int i = 0; i < t->rank; i++) {
+    limit[i] = t->dims[i];
+    step[i] = 1;
+  }
+  tp_val parts[2];
+  for (int i = 0; i < 2; i++) {
+    start[t->rank - 1] = i;
+    limit[t->rank - 1] = i + 1;
+    parts[i] = em_reshape(e, em_slice(e, x, start, limit, step), n->outs[0].rank, n->outs[0].dims);
+  }
+  o[0] = em_op(e, "stablehlo.complex", NULL, parts, 2, &n->outs[0]);
+}
+
 static void r_t(tp_emit *e, const tp_node *n, tp_val *o) { transpose2(e, n, o, 0, 1); }
 
 static void r_transpose(tp_emit *e, const tp_node *n, tp_val *o) {
@@ -170,6 +200,8 @@ const tp_lower_entry tp_lower_view[] = {
     {"aten::alias_copy", r_identity},
     {"aten::detach", r_identity},
     {"aten::lift_fresh_copy", r_identity},
+    {"aten::resolve_conj", r_identity}, /* graph values carry no lazy bits */
+    {"aten::resolve_neg", r_identity},
     {"aten::expand", r_expand},
     {"aten::expand_copy", r_expand},
     {"aten::t", r_t},
@@ -190,5 +222,9 @@ const tp_lower_entry tp_lower_view[] = {
     {"aten::as_strided_copy", r_as_strided},
     {"aten::diagonal", r_diagonal},
     {"aten::diagonal_copy", r_diagonal},
+    {"aten::view_as_real", r_view_as_real},
+    {"aten::view_as_real_copy", r_view_as_real},
+    {"aten::view_as_complex", r_view_as_complex},
+    {"aten::view_as_complex_copy", r_view_as_complex},
     {NULL, NULL},
 };

@@ -8,6 +8,7 @@ runs eagerly instead (with a warning naming the op), so compiling never makes
 a model stop working.
 """
 import copy
+import functools
 import math
 import operator
 import threading
@@ -609,6 +610,7 @@ def _lcm(a, b):
     return (torch.div(a, g, rounding_mode="trunc") * b).abs().to(dt)
 
 
+@functools.cache  # the same for every graph (0.1-0.4 s to build)
 def _decompositions():
     from torch._decomp import core_aten_decompositions, decomposition_table
 

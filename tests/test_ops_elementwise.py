@@ -99,6 +99,8 @@ def _i():
 
 
 REACH = {
+    "aten::complex": lambda: torch.complex(_x(), _x().flip(0)).abs(),
+    "aten::polar": lambda: torch.polar(_x().abs(), _x()).abs(),
     "aten::new_empty": lambda: _x().new_empty((2,)),
     "aten::new_empty_strided": lambda: _x().new_empty_strided((2, 2), (1, 2)),
     "aten::new_zeros": lambda: _x().new_zeros(3),
@@ -203,6 +205,8 @@ NOT_EAGER = {
     "aten::empty.memory_format", "aten::empty_strided", "aten::empty_permuted", "aten::zeros", "aten::ones",
     "aten::full", "aten::scalar_tensor", "aten::clone", "aten::_to_copy", "prims::fma", "aten::square",
     "aten::isfinite", "aten::silu_backward", "aten::empty_like", "aten::zeros_like", "aten::ones_like",
+    # conjugate / negative bits are views in eager mode; graphs lower them as values (test_compile.py)
+    "aten::_conj", "aten::_neg_view",
 }
 
 
@@ -1244,3 +1248,93 @@ def test_angle_complex(dtype):
     zg = torch.randn(12, dtype=dtype)
     zg[0] = 0
     check(torch.angle, zg.requires_grad_(), grad=True, **tol)
+
+
+def test_writes_into_conjugate_and_negative_views():
+    """A conjugate (or negative) view stores conj(value) (-value): in-place
+    ops, copy_ and setitem through it write that, as on the CPU."""
+    def run(dev):
+        a = torch.tensor([1 + 2j, 3 - 4j], device=dev)
+        a.conj().mul_(2)
+        b = torch.tensor([1 + 2j], device=dev)
+        b.conj().copy_(torch.tensor([5 + 6j], device=dev))
+        c = torch.tensor([1 + 2j, 0j], device=dev)
+        c.conj()[0] = torch.tensor(5 + 6j, device=dev)
+        d = torch.tensor([1 + 2j], device=dev)
+        d.conj().imag.copy_(torch.tensor([7.0], device=dev))  # imag of a conj view: a negative view
+        e = torch.tensor([1 + 2j], device=dev)
+        e.conj().copy_(torch.tensor([5 + 6j]))  # from the host
+        return [t.cpu() for t in (a, b, c, d, e)]
+
+    for got, want in zip(run("tpu"), run("cpu")):
+        torch.testing.assert_close(got, want)
+
+
+def test_complex_to_bool_counts_the_imaginary_part():
+    z = torch.tensor([2j, 0j, 3 + 0j, complex(0, float("nan"))])
+    t = z.to("tpu")
+    assert t.bool().cpu().tolist() == z.bool().tolist() == [True, False, True, True]
+    assert t[:2].any().item() and not t[1:3].all().item()
+    assert torch.logical_not(t).cpu().tolist() == torch.logical_not(z).tolist()
+    assert torch.logical_and(t, t.flip(0)).cpu().tolist() == torch.logical_and(z, z.flip(0)).tolist()
+
+
+_Z = torch.tensor([[1 + 2j, -3 + 0.5j], [0.25 - 1j, 2 + 0j]])
+REFUSED_FOR_COMPLEX = {
+    "ceil": torch.ceil, "floor": torch.floor, "round": torch.round, "trunc": torch.trunc, "sign": torch.sign,
+    "clamp": lambda z: z.clamp(0, 1), "relu": F.relu, "hardtanh": F.hardtanh, "elu": F.elu, "leaky_relu": F.leaky_relu,
+    "gelu": F.gelu, "softplus": F.softplus, "hardswish": F.hardswish, "logit": torch.logit, "erfinv": torch.erfinv,
+    "lt": lambda z: z < z, "ge": lambda z: z >= z, "maximum": lambda z: torch.maximum(z, z),
+    "atan2": lambda z: torch.atan2(z, z), "fmod": lambda z: torch.fmod(z, 2), "remainder": lambda z: torch.remainder(z, 2),
+    "remainder_": lambda z: z.clone().remainder_(2), "xlogy": lambda z: torch.xlogy(z, z), "nansum": torch.nansum,
+    "softmax": lambda z: z.softmax(0), "div_trunc": lambda z: torch.div(z, 2, rounding_mode="trunc"),
+    "max_pool": lambda z: F.max_pool1d(z[None], 2), "group_norm": lambda z: F.group_norm(z[None], 1),
+}
+
+
+@pytest.mark.parametrize("case", REFUSED_FOR_COMPLEX)
+def test_ops_the_cpu_refuses_for_complex_refuse_alike(case):
+    """Ops whose CPU kernels take no complex input raise the CPU's error type
+    (not a result computed from the real parts, nor an XLA crash)."""
+    f = REFUSED_FOR_COMPLEX[case]
+    with pytest.raises((NotImplementedError, RuntimeError)) as cpu:
+        f(_Z)
+    with pytest.raises(type(cpu.value)) as tpu:
+        f(_Z.to("tpu")).cpu()
+    assert "ComplexFloat" in str(tpu.value) or "complex" in str(tpu.value)
+
+
+INPLACE_CAST = {
+    "int.mul_(float)": (lambda t: t.mul_(2.5), "result type Float can't be cast to the desired output type Long"),
+    "int.mul_(float tensor)": (lambda t: t.mul_(torch.full((3,), 2.5, device=t.device)), "result type Float"),
+    "bool.mul_(int)": (lambda t: (t > 1).mul_(2), "result type Long can't be cast to the desired output type Bool"),
+    "int.logit_()": (lambda t: t.logit_(), "result type Float can't be cast"),
+    "int.div_(int)": (lambda t: t.div_(2), "result type .* can't be cast"),
+    "float.mul_(complex)": (lambda t: t.float().mul_(torch.tensor(1j).to(t.device)), "result type ComplexFloat"),
+    "index_add_": (lambda t: t.index_add_(0, torch.tensor([0], device=t.device), torch.tensor([1.5], device=t.device)),
+                   r"index_add_\(\): self \(Long\) and source \(Float\) must have the same scalar type"),
+    "index_copy": (lambda t: t.index_copy(0, torch.tensor([1], device=t.device), torch.tensor([7.5], device=t.device)),
+                   "index_copy_.*same dtype"),
+    "put_": (lambda t: t.put_(torch.tensor([1], device=t.device), torch.tensor([7.5], device=t.device)), "put_.*same dtype"),
+    "index_put_": (lambda t: t.index_put_((torch.tensor([1], device=t.device),), torch.tensor([7.5], device=t.device)),
+                   "Index put requires the source and destination dtypes match"),
+    "setitem": (lambda t: t.__setitem__(torch.tensor([1], device=t.device), torch.tensor([7.5], device=t.device)),
+                "Index put requires the source and destination dtypes match"),
+}
+
+
+@pytest.mark.parametrize("case", INPLACE_CAST)
+def test_inplace_results_must_cast_to_self_like_cpu(case):
+    """In-place ops whose result dtype cannot be cast to self's, and index ops
+    given a source of another dtype, raise as on the CPU (PyTorch's meta
+    functions do not check these) instead of truncating."""
+    f, msg = INPLACE_CAST[case]
+    for dev in ("cpu", "tpu"):
+        t = torch.tensor([1, 2, 3], device=dev)
+        with pytest.raises(RuntimeError, match=msg):
+            f(t)
+        assert t.cpu().tolist() == [1, 2, 3]
+    # what the CPU allows stays allowed
+    t = torch.tensor([1, 2, 3], device="tpu")
+    t.mul_(2).add_(torch.tensor(1, device="tpu")).index_add_(0, torch.tensor([0], device="tpu"), torch.tensor([5], device="tpu"))
+    assert t.cpu().tolist() == [8, 5, 7]

@@ -440,6 +440,28 @@ _CHECK_ERRORS = {
     "aten::linalg_lu_factor_ex": "torch.linalg.lu_factor_ex",
 }
 
+# Ops whose source must have self's dtype (argument name, the CPU's message),
+# functional, in-place and out= forms alike.
+_SAME_DTYPE = {
+    "index_add": ("source", "index_add_(): self ({self}) and source ({source}) must have the same scalar type"),
+    "index_copy": ("source", "index_copy_(): self and source expected to have the same dtype, but got (self) "
+                             "{self} and (source) {source}"),
+    "put": ("source", "put_(): self and source expected to have the same dtype, but got self.dtype = {self} and "
+                      "source.dtype = {source}"),
+    "index_put": ("values", "Index put requires the source and destination dtypes match, got {self} for the "
+                            "destination and {source} for the source."),
+    "_index_put_impl": ("values", "Index put requires the source and destination dtypes match, got {self} for the "
+                                  "destination and {source} for the source."),
+}
+
+# Ops run through decompositions that PyTorch's CPU kernels refuse for complex
+# inputs (the lowered ones: k_no_complex in csrc/core/lower.c).
+_NO_COMPLEX = {
+    "xlogy": (NotImplementedError, "\"xlogy_cpu\" not implemented for '{}'"),
+    "special_xlogy": (NotImplementedError, "\"xlogy_cpu\" not implemented for '{}'"),
+    "nansum": (RuntimeError, "nansum on CPU does not support complex inputs"),
+}
+
 # --------------------------------------------------------------------------
 # Per-op handlers
 
@@ -680,10 +702,50 @@ class _Handler:
             if "cpu" not in msg:
                 raise
             meta_out = self.op(*tree_map(_to_meta_all, args), **tree_map(_to_meta_all, kwargs))
+        self._check_dtypes(args, kwargs)
         multi = isinstance(meta_out, (tuple, list))
         metas = meta_out if multi else (meta_out,)
         specs = tuple(None if m is None else (m.shape, m.stride(), m.dtype) for m in metas)
         return (multi, specs)
+
+    def _check_dtypes(self, args, kwargs):
+        """Dtype rules PyTorch's CPU kernels enforce and its meta functions do
+        not (checked once per argument signature, with the CPU's messages):
+        an in-place op's result must cast to self's dtype (int64.mul_(2.5)),
+        and the index ops take a source of self's dtype."""
+        base = self.name.split("::")[1].split(".")[0]
+        same = _SAME_DTYPE.get(base.rstrip("_"))
+        if same is not None:
+            vals = self._values(args, kwargs, self.all_args)
+            names = [a.name for a in self.args_schema]
+            if same[0] in names:
+                dst, src = vals[0], vals[names.index(same[0])]
+                if isinstance(src, torch.Tensor) and isinstance(dst, torch.Tensor) and src.dtype != dst.dtype:
+                    raise RuntimeError(same[1].format(self=_LEGACY_TYPE.get(dst.dtype, dst.dtype),
+                                                      source=_LEGACY_TYPE.get(src.dtype, src.dtype)))
+        dst = args[0] if args else None
+        if not self.is_inplace or not isinstance(dst, torch.Tensor):
+            return
+        fop = self.inplace_functional()
+        if fop is None:
+            return
+        try:
+            fout = fop(*tree_map(_to_meta, args), **tree_map(_to_meta, kwargs))
+        except Exception:
+            return  # the in-place meta function accepted it: nothing to compare
+        if isinstance(fout, torch.Tensor) and not torch.can_cast(fout.dtype, dst.dtype):
+            raise RuntimeError(f"result type {_LEGACY_TYPE.get(fout.dtype, fout.dtype)} can't be cast to the "
+                               f"desired output type {_LEGACY_TYPE.get(dst.dtype, dst.dtype)}")
+
+    def inplace_functional(self):
+        """The functional OpOverload of an in-place one (mul_.Tensor -> mul.Tensor)."""
+        if not hasattr(self, "_inplace_functional"):
+            ns, rest = self.name.split("::")
+            fname, _, ovl = rest.partition(".")
+            packet = getattr(getattr(torch.ops, ns), fname[:-1], None)
+            fop = getattr(packet, ovl or "default", None) if packet is not None else None
+            self._inplace_functional = fop if fop is not None and not _is_view(fop) else None
+        return self._inplace_functional
 
     def _fix_indices(self, args, kwargs, masks_to_indices):
         """Index lists: CPU index tensors go to the device (as on CUDA), and
@@ -983,6 +1045,13 @@ def _fallback(op, *args, **kwargs):
         if special is not None:
             call_args, call_kwargs = h.functional_call(args, kwargs, fop)
             return _into_outs(h, args, kwargs, special(*call_args, **call_kwargs))
+    if h.is_inplace:
+        h._check_dtypes(args, kwargs)
+    refusal = _NO_COMPLEX.get(name.split("::")[1].split(".")[0].rstrip("_"))
+    if refusal is not None:
+        z = next((t for t in list(args) + list(kwargs.values()) if isinstance(t, torch.Tensor) and t.is_complex()), None)
+        if z is not None:
+            raise refusal[0](refusal[1].format(_LEGACY_TYPE[z.dtype]))
     depth = getattr(_state, "decomp_depth", 0)
     decomp = _decomposition(op) if depth < 8 and name not in _WRONG_DECOMPOSITIONS else None
     call_args, call_kwargs = args, kwargs
@@ -1058,6 +1127,16 @@ def _copy_complex32(src, dst):
 
 def _copy_from(src, dst, non_blocking=False):
     if dst.numel() == 0:
+        return dst
+    if dst.is_conj() or dst.is_neg():
+        # dst's storage holds conj(value) / -value (in-place ops on such views
+        # end in this copy_): store src that way, through the plain view.
+        plain, val = dst, src
+        if dst.is_conj():
+            plain, val = plain.conj(), val.conj()
+        if dst.is_neg():
+            plain, val = torch._neg_view(plain), torch._neg_view(val)
+        _copy_from(val, plain, non_blocking)
         return dst
     if torch.complex32 in (src.dtype, dst.dtype):
         return _copy_complex32(src, dst)

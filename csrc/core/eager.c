@@ -1204,7 +1204,7 @@ static tp_status *build_entry(tp_plugin *p, tp_lower_ctx *c, const char *op, tp_
     ov[i] = -1;
   }
   tp_node n = {op, nargs, la, nouts, ot, c, cb_scalar, cb_rng_key, cb_check};
-  if (!em_failed(e)) fn(e, &n, ov);
+  tp_lower_run(fn, e, &n, ov);
   for (int i = 0; i < nouts && !em_failed(e); i++) {
     if (ov[i] < 0) {
       em_fail(e, TP_INTERNAL, "lowering of %s produced no value for output %d", op, i);

@@ -321,6 +321,11 @@ tp_val em_convert(tp_emit *e, tp_val x, tp_dtype dt) {
   if (bad(e, x)) return -1;
   tp_type t = e->types[x];
   if (t.dt == dt) return x;
+  if (tp_dtype_is_complex(t.dt) && dt == TP_BOOL) {
+    /* z != 0: either part nonzero (NaN parts count as nonzero). */
+    tp_val z = em_full(e, 0, &t);
+    return em_compare(e, "NE", x, z);
+  }
   if (tp_dtype_is_complex(t.dt) && !tp_dtype_is_complex(dt)) {
     /* complex -> real takes the real part, like PyTorch (with a warning there). */
     tp_type r = t;
@@ -328,7 +333,7 @@ tp_val em_convert(tp_emit *e, tp_val x, tp_dtype dt) {
     x = emit_line(e, "stablehlo.real", NULL, &x, 1, &r);
     return em_convert(e, x, dt);
   }
-  if (dt == TP_BOOL && !tp_dtype_is_complex(t.dt)) {
+  if (dt == TP_BOOL) {
     /* x != 0, so NaN -> true as in PyTorch. */
     tp_val z = em_full(e, 0, &t);
     return em_compare(e, "NE", x, z);

@@ -224,7 +224,7 @@ void tp_graph_lower(tp_emit *e, const tp_node *n, tp_val *outs) {
       }
       for (int q = 0; q < nd->nouts; q++) ov[q] = -1;
       tp_node sub = {nd->op, nd->nargs, la, nd->nouts, nd->outs, n->ctx, const_scalar, n->rng_key, n->check};
-      if (!em_failed(e)) nd->fn(e, &sub, ov);
+      tp_lower_run(nd->fn, e, &sub, ov);
       for (int q = 0; q < nd->nouts && !em_failed(e); q++) {
         if (ov[q] < 0) {
           em_fail(e, TP_INTERNAL, "lowering of %s produced no value for output %d", nd->op, q);

@@ -86,6 +86,98 @@ tp_lower_fn tp_lower_find_ex(const char *op, unsigned *scalar_fits) {
   return NULL;
 }
 
+/* Ops PyTorch's CPU kernels refuse for complex inputs, with their messages
+ * (a dispatch macro's "<kernel>" not implemented for 'ComplexFloat', else the
+ * message as it is).  Their rules would compute something for the real parts,
+ * or crash XLA (remainder, fmod): tp_lower_run refuses them first. */
+typedef struct complex_refusal {
+  const char *op; /* base name: "aten::X" of every overload, and "aten::X_" */
+  tp_code code;
+  const char *kernel, *msg;
+} complex_refusal;
+
+#define MACRO(op, kernel) {op, TP_UNIMPLEMENTED, kernel, NULL}
+static const complex_refusal k_no_complex[] = {
+    {"ceil", TP_UNIMPLEMENTED, NULL, "ceil is not supported for complex inputs"},
+    {"floor", TP_UNIMPLEMENTED, NULL, "floor is not supported for complex inputs"},
+    {"trunc", TP_UNIMPLEMENTED, NULL, "trunc is not supported for complex inputs"},
+    {"sign", TP_UNIMPLEMENTED, NULL,
+     "Unlike NumPy, torch.sign is not intended to support complex numbers. Please use torch.sgn instead."},
+    {"clamp", TP_UNIMPLEMENTED, NULL, "clamp is not supported for complex types"},
+    {"clamp_min", TP_UNIMPLEMENTED, NULL, "clamp is not supported for complex types"},
+    {"clamp_max", TP_UNIMPLEMENTED, NULL, "clamp is not supported for complex types"},
+    {"hardtanh", TP_UNIMPLEMENTED, NULL, "clamp is not supported for complex types"},
+    {"relu", TP_UNIMPLEMENTED, NULL, "clamp is not supported for complex types"},
+    {"maximum", TP_INVALID_ARGUMENT, NULL, "maximum not implemented for complex tensors."},
+    {"minimum", TP_INVALID_ARGUMENT, NULL, "minimum not implemented for complex tensors."},
+    {"nansum", TP_INVALID_ARGUMENT, NULL, "nansum on CPU does not support complex inputs"},
+    MACRO("round", "round_vml_cpu"),
+    MACRO("elu", "elu_cpu"),
+    MACRO("leaky_relu", "leaky_relu_cpu"),
+    MACRO("rrelu_with_noise", "rrelu_with_noise_out_cpu"),
+    MACRO("hardshrink", "hardshrink_cpu"),
+    MACRO("logit", "logit_cpu"),
+    MACRO("erfinv", "erfinv_vml_cpu"),
+    MACRO("xlogy", "xlogy_cpu"),
+    MACRO("lt", "lt_cpu"),
+    MACRO("le", "le_cpu"),
+    MACRO("gt", "gt_cpu"),
+    MACRO("ge", "ge_cpu"),
+    MACRO("max_pool2d_with_indices", "max_pool2d"),
+    MACRO("max_pool3d_with_indices", "max_pool3d"),
+    MACRO("avg_pool2d", "avg_pool2d"),
+    MACRO("avg_pool3d", "avg_pool3d"),
+    MACRO("native_group_norm", "GroupNormKernelImpl"),
+    MACRO("fmod", "fmod_cpu"),
+    MACRO("remainder", "remainder_cpu"),
+    MACRO("gelu", "GeluKernelImpl"),
+    MACRO("atan2", "atan2_cpu"),
+    MACRO("softplus", "softplus_cpu"),
+    MACRO("mish", "mish_cpu"),
+    MACRO("hardswish", "hardswish_cpu"),
+    MACRO("hardsigmoid", "hardsigmoid_cpu"),
+    MACRO("threshold", "threshold_cpu"),
+    MACRO("searchsorted", "searchsorted_out_cpu"),
+    MACRO("bucketize", "searchsorted_out_cpu"),
+    MACRO("_softmax", "softmax_kernel_impl"),
+    MACRO("_log_softmax", "log_softmax_kernel_impl"),
+};
+#undef MACRO
+
+static int has_complex_tensor(tp_emit *e, const tp_node *n) {
+  for (int i = 0; i < n->nargs; i++) {
+    const tp_arg *a = lw_arg(n, i);
+    if (a->kind == TP_ARG_TENSOR && tp_dtype_is_complex(em_type(e, a->v)->dt)) return 1;
+  }
+  return 0;
+}
+
+static tp_val refuse_complex(tp_emit *e, const tp_node *n) {
+  if (strncmp(n->op, "aten::", 6) || !has_complex_tensor(e, n)) return 0;
+  const char *base = n->op + 6;
+  size_t len = strcspn(base, ".");
+  if (len > 1 && base[len - 1] == '_' && base[0] != '_') len--; /* in-place forms */
+  tp_dtype cd = TP_C64;
+  for (int i = 0; i < n->nargs; i++)
+    if (lw_arg(n, i)->kind == TP_ARG_TENSOR && tp_dtype_is_complex(em_type(e, lw_arg(n, i)->v)->dt))
+      cd = em_type(e, lw_arg(n, i)->v)->dt;
+  const char *mode = !strncmp(base, "div", len) && len == 3 ? lw_str(n, 2, NULL) : NULL;
+  if (mode) /* div with rounding_mode */
+    return em_fail(e, TP_UNIMPLEMENTED, "\"div_%s_cpu\" not implemented for '%s'", mode, tp_scalar_type_name(cd));
+  for (size_t k = 0; k < sizeof k_no_complex / sizeof k_no_complex[0]; k++) {
+    const complex_refusal *r = &k_no_complex[k];
+    if (strlen(r->op) != len || strncmp(r->op, base, len)) continue;
+    if (r->kernel) return em_fail(e, r->code, "\"%s\" not implemented for '%s'", r->kernel, tp_scalar_type_name(cd));
+    return em_fail(e, r->code, "%s", r->msg);
+  }
+  return 0;
+}
+
+void tp_lower_run(tp_lower_fn fn, tp_emit *e, const tp_node *n, tp_val *out) {
+  if (em_failed(e) || refuse_complex(e, n) < 0) return;
+  fn(e, n, out);
+}
+
 tp_lower_fn tp_lower_find(const char *op) {
   unsigned fits;
   return tp_lower_find_ex(op, &fits);
@@ -153,7 +245,8 @@ tp_dtype lw_dtype(tp_emit *e, const tp_node *n, int i) {
 }
 
 /* Copies may drop the imaginary part (PyTorch warns and does); any other op
- * given a complex input it would compute in a real dtype must refuse. */
+ * given a complex input it would compute in a real dtype must refuse (bool
+ * is z != 0, as logical ops take it). */
 static int is_copy_op(const char *op) {
   return !strcmp(op, "tp::copy") || !strcmp(op, "aten::copy") || !strcmp(op, "aten::_to_copy") ||
          !strcmp(op, "aten::clone");
@@ -163,7 +256,7 @@ tp_val lw_tensor(tp_emit *e, const tp_node *n, int i, tp_dtype dt) {
   const tp_arg *a = lw_arg(n, i);
   if (a->kind == TP_ARG_TENSOR) {
     tp_dtype from = em_type(e, a->v)->dt;
-    if (tp_dtype_is_complex(from) && !tp_dtype_is_complex(dt) && !is_copy_op(n->op))
+    if (tp_dtype_is_complex(from) && !tp_dtype_is_complex(dt) && dt != TP_BOOL && !is_copy_op(n->op))
       return em_fail(e, TP_UNIMPLEMENTED, "%s: complex inputs are not supported on tpu yet", n->op);
     return em_convert(e, a->v, dt);
   }

@@ -69,6 +69,10 @@ typedef void (*tp_lower_fn)(tp_emit *e, const tp_node *n, tp_val *outs);
 
 /* Look up the rule for an op name ("aten::add.Tensor"); NULL if none. */
 tp_lower_fn tp_lower_find(const char *op);
+/* Apply rule fn to node n (nothing if e has failed): refuses first, with
+ * PyTorch's CPU messages, the ops its CPU kernels do not take complex
+ * inputs for (lower.c: k_no_complex). */
+void tp_lower_run(tp_lower_fn fn, tp_emit *e, const struct tp_node *n, tp_val *out);
 /* The same, and the op's scalar arguments that PyTorch converts to the
  * output's dtype with an overflow check (bit i: argument i), as its
  * fill_/masked_fill/clamp/... kernels do ("value cannot be converted to

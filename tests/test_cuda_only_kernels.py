@@ -424,3 +424,27 @@ def test_multilabel_margin_loss(reduction):
             out.append((loss.detach().cpu(), g.cpu()))
         torch.testing.assert_close(out[1][0], out[0][0])
         torch.testing.assert_close(out[1][1], out[0][1])
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("opt_cls,kw", [
+    (torch.optim.Adam, {"lr": 1e-2}),
+    (torch.optim.AdamW, {"lr": 1e-2, "amsgrad": True, "weight_decay": 0.1}),
+])
+def test_fused_optimizers_compute_half_precision_in_float32(dtype, opt_cls, kw):
+    """PyTorch's fused kernels compute float16/bfloat16 parameters in float32
+    and round once: tiny gradients (whose squares underflow in float16) must
+    not turn Adam's step into inf/NaN."""
+    def run(dev):
+        torch.manual_seed(0)
+        p = nn.Parameter(torch.randn(64).to(dtype).to(dev))
+        opt = opt_cls([p], fused=True, **kw)
+        for k in range(5):
+            p.grad = (torch.randn(64) * 10.0 ** (-3 - k % 2)).to(dtype).to(dev)
+            opt.step()
+        return [p.detach().cpu()] + [v.cpu() for v in opt.state[p].values() if v.dim() > 0]
+
+    cpu, tpu = run("cpu"), run("tpu")
+    for a, b in zip(tpu, cpu):
+        assert torch.isfinite(a).all()
+        torch.testing.assert_close(a.float(), b.float(), rtol=1e-2, atol=1e-3)

@@ -232,10 +232,17 @@ def _write(pairs, found_inf):
         dst.copy_(val if skip is None else torch.where(skip, dst, val))
 
 
+def _opmath(t):
+    """The fused optimizers' CPU kernels compute float16/bfloat16 tensors in
+    float32 and round each stored value once (in half precision, Adam's
+    g * g * (1 - beta2) and eps underflow to 0 and the update divides by 0)."""
+    return t.float() if t.dtype in (torch.float16, torch.bfloat16) else t
+
+
 def _unscaled(grads, i, grad_scale, pairs):
-    g = grads[i]
+    g = _opmath(grads[i])
     if grad_scale is not None:
-        g = g / grad_scale.reshape(())
+        g = g / grad_scale.reshape(()).to(g.dtype)
         pairs.append((grads[i], g))
     return g
 
@@ -247,19 +254,19 @@ def _fused_adam(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_ste
         g = _unscaled(grads, i, grad_scale, pairs)
         if maximize:
             g = -g
-        param = p
+        param = _opmath(p)
         if weight_decay != 0:
             if adamw:
-                param = p - p * (lr * weight_decay)
+                param = param - param * (lr * weight_decay)
             else:
-                g = g + p * weight_decay
-        m = exp_avgs[i] * beta1 + g * (1 - beta1)
-        v = exp_avg_sqs[i] * beta2 + g * g * (1 - beta2)
+                g = g + param * weight_decay
+        m = _opmath(exp_avgs[i]) * beta1 + g * (1 - beta1)
+        v = _opmath(exp_avg_sqs[i]) * beta2 + g * g * (1 - beta2)
         step = state_steps[i]
         step_size = lr / (1 - torch.pow(beta1, step))
         bc2_sqrt = torch.sqrt(1 - torch.pow(beta2, step))
         if amsgrad:
-            v_max = torch.maximum(max_exp_avg_sqs[i], v)
+            v_max = torch.maximum(_opmath(max_exp_avg_sqs[i]), v)
             pairs.append((max_exp_avg_sqs[i], v_max))
             denom = v_max.sqrt() / bc2_sqrt + eps
         else:
@@ -274,9 +281,11 @@ def _fused_adamw(*args, **kwargs):
 
 def _fused_sgd(params, grads, momentum_buffer_list, *, weight_decay, momentum, lr, dampening, nesterov, maximize,
                is_first_step, grad_scale=None, found_inf=None):
+    # In the parameters' dtype, as the unfused SGD (float16/bfloat16: PyTorch's
+    # CPU fused kernel differs from both by more than their precision).
     for i, p in enumerate(params):
         pairs = []
-        g = _unscaled(grads, i, grad_scale, pairs)
+        g = _unscaled(grads, i, grad_scale, pairs).to(p.dtype)
         if maximize:
             g = -g
         if weight_decay != 0:
@@ -300,14 +309,11 @@ def _fused_adagrad(params, grads, state_sums, state_steps, *, lr, lr_decay, weig
     precision)."""
     for i, p in enumerate(params):
         pairs = []
-        ct = torch.float32 if p.dtype in (torch.float16, torch.bfloat16) else p.dtype
-        g = grads[i].to(ct)
-        if grad_scale is not None:
-            g = g / grad_scale.reshape(()).to(ct)
-            pairs.append((grads[i], g))
+        g = _unscaled(grads, i, grad_scale, pairs)
         if maximize:
             g = -g
-        param = p.to(ct)
+        param = _opmath(p)
+        ct = param.dtype
         if weight_decay != 0:
             g = g + param * weight_decay
         s = state_sums[i].to(ct) + g * g

@@ -2,6 +2,7 @@
 "tpu" against PyTorch on the CPU, forward and, where the op is differentiable,
 backward."""
 import math
+import re
 
 import pytest
 import torch
@@ -568,3 +569,31 @@ def test_histc_bad_range_raises_like_cpu(x, kw, msg):
         torch.histc(torch.tensor(x, device="tpu"), **kw).cpu()
     with pytest.raises(NotImplementedError, match="histogram_cpu.*Long"):
         torch.histc(torch.arange(3, device="tpu"))
+
+
+EMPTY_REDUCTIONS = {
+    "max(0)": lambda t: t.max(0), "min(0)": lambda t: t.min(0), "max()": lambda t: t.max(), "amin()": lambda t: t.amin(),
+    "amax(-2)": lambda t: t.amax(-2), "argmax()": lambda t: t.argmax(), "argmin(0)": lambda t: t.argmin(0),
+    "aminmax(dim=0)": lambda t: t.aminmax(dim=0), "kthvalue": lambda t: t.kthvalue(1, 0), "median(0)": lambda t: t.median(0),
+    "mode(0)": lambda t: t.mode(0),
+    # allowed: the reduced dim is not empty, or the op has an identity / a nan result
+    "max(1)": lambda t: t.max(1), "amax(1)": lambda t: t.amax(1), "median()": lambda t: t.median(),
+    "prod(0)": lambda t: t.prod(0), "cummax(0)": lambda t: t.cummax(0),
+}
+
+
+@pytest.mark.parametrize("case", EMPTY_REDUCTIONS)
+def test_reductions_over_an_empty_dim_raise_like_cpu(case):
+    """max/min/argmax/kthvalue/median... over an empty dim have no value: the
+    CPU raises (PyTorch's meta functions return -inf/inf instead)."""
+    f = EMPTY_REDUCTIONS[case]
+    x = torch.empty(0, 3)
+    try:
+        want = f(x)
+    except (IndexError, RuntimeError) as e:
+        with pytest.raises(type(e), match=re.escape(str(e)[:40])):
+            f(x.to("tpu"))
+        return
+    got = f(x.to("tpu"))
+    for a, b in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
+        torch.testing.assert_close(a.cpu(), b, equal_nan=True)

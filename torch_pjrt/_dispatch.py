@@ -462,6 +462,26 @@ _NO_COMPLEX = {
     "nansum": (RuntimeError, "nansum on CPU does not support complex inputs"),
 }
 
+# Reductions without an identity: an empty reduced dim raises on the CPU.
+_NEEDS_NONEMPTY = {"max", "min", "amax", "amin", "argmax", "argmin", "aminmax", "kthvalue", "median", "nanmedian",
+                   "mode"}
+
+
+def _check_nonempty(base, vals, names):
+    x = vals[0]
+    dim = vals[names.index("dim")] if "dim" in names else None
+    if dim is None or (isinstance(dim, (list, tuple)) and not dim and base in ("amax", "amin")):
+        if base in ("median", "nanmedian", "mode", "kthvalue"):  # median() of nothing is nan
+            return
+        exc = IndexError if base.startswith("arg") else RuntimeError
+        raise exc(f"{base}(): Expected reduction dim to be specified for input.numel() == 0."
+                  + ("" if exc is IndexError else " Specify the reduction dim with the 'dim' argument."))
+    for d in (dim if isinstance(dim, (list, tuple)) else [dim]):
+        size = x.shape[d] if x.dim() else 1
+        if size == 0:
+            raise IndexError(f"{base}(): Expected reduction dim {d} to have non-zero size.")
+
+
 # --------------------------------------------------------------------------
 # Per-op handlers
 
@@ -681,6 +701,7 @@ class _Handler:
         return (device if device is not None else 0), enc, tuple(key)
 
     def _meta(self, args, kwargs):
+        self._check_args(args, kwargs)
         py_meta = _PY_META.get(self.name) or (_PY_META.get(self.lowering) if self.is_out else None)
         try:
             if py_meta is not None:
@@ -702,18 +723,20 @@ class _Handler:
             if "cpu" not in msg:
                 raise
             meta_out = self.op(*tree_map(_to_meta_all, args), **tree_map(_to_meta_all, kwargs))
-        self._check_dtypes(args, kwargs)
         multi = isinstance(meta_out, (tuple, list))
         metas = meta_out if multi else (meta_out,)
         specs = tuple(None if m is None else (m.shape, m.stride(), m.dtype) for m in metas)
         return (multi, specs)
 
-    def _check_dtypes(self, args, kwargs):
-        """Dtype rules PyTorch's CPU kernels enforce and its meta functions do
-        not (checked once per argument signature, with the CPU's messages):
-        an in-place op's result must cast to self's dtype (int64.mul_(2.5)),
-        and the index ops take a source of self's dtype."""
+    def _check_args(self, args, kwargs):
+        """Rules PyTorch's CPU kernels enforce and its meta functions do not
+        (checked once per argument signature, with the CPU's messages): an
+        in-place op's result must cast to self's dtype (int64.mul_(2.5)), the
+        index ops take a source of self's dtype, and reductions without an
+        identity refuse an empty reduced dim."""
         base = self.name.split("::")[1].split(".")[0]
+        if base in _NEEDS_NONEMPTY and args and isinstance(args[0], torch.Tensor) and args[0].numel() == 0:
+            _check_nonempty(base, self._values(args, kwargs, self.all_args), [a.name for a in self.args_schema])
         same = _SAME_DTYPE.get(base.rstrip("_"))
         if same is not None:
             vals = self._values(args, kwargs, self.all_args)
@@ -1046,7 +1069,7 @@ def _fallback(op, *args, **kwargs):
             call_args, call_kwargs = h.functional_call(args, kwargs, fop)
             return _into_outs(h, args, kwargs, special(*call_args, **call_kwargs))
     if h.is_inplace:
-        h._check_dtypes(args, kwargs)
+        h._check_args(args, kwargs)
     refusal = _NO_COMPLEX.get(name.split("::")[1].split(".")[0].rstrip("_"))
     if refusal is not None:
         z = next((t for t in list(args) + list(kwargs.values()) if isinstance(t, torch.Tensor) and t.is_complex()), None)

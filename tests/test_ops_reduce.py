@@ -597,3 +597,21 @@ def test_reductions_over_an_empty_dim_raise_like_cpu(case):
     got = f(x.to("tpu"))
     for a, b in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
         torch.testing.assert_close(a.cpu(), b, equal_nan=True)
+
+
+@pytest.mark.parametrize("case", [
+    (lambda d: torch.tensor([1, 2, 3], device=d) ** -1, "Integers to negative integer powers are not allowed"),
+    (lambda d: torch.tensor([1, 2, 3], device=d).pow_(-2), "Integers to negative integer powers are not allowed"),
+    (lambda d: torch.tensor([True, False], device=d).argmax(), r"argmax\(\): does not support bool input"),
+    (lambda d: torch.tensor([True, False], device=d).argmin(0), r"argmin\(\): does not support bool input"),
+    (lambda d: torch.multinomial(torch.tensor([0.5, 0.5], device=d), 0), "cannot sample n_sample <= 0 samples"),
+])
+def test_argument_errors_the_cpu_raises(case):
+    f, msg = case
+    for dev in ("cpu", "tpu"):
+        with pytest.raises(RuntimeError, match=msg):
+            f(dev).cpu()
+    # a tensor of negative exponents is computed, as on the CPU
+    e = torch.tensor([-1, 2, -1])
+    assert torch.equal((2 ** e.to("tpu")).cpu(), 2 ** e)
+    assert torch.equal((torch.tensor([1, 2, -1], device="tpu") ** e.to("tpu")).cpu(), torch.tensor([1, 2, -1]) ** e)

@@ -737,6 +737,10 @@ class _Handler:
         base = self.name.split("::")[1].split(".")[0]
         if base in _NEEDS_NONEMPTY and args and isinstance(args[0], torch.Tensor) and args[0].numel() == 0:
             _check_nonempty(base, self._values(args, kwargs, self.all_args), [a.name for a in self.args_schema])
+        if base in ("argmax", "argmin") and args and getattr(args[0], "dtype", None) == torch.bool:
+            raise RuntimeError(f"{base}(): does not support bool input")
+        if base == "multinomial" and self._values(args, kwargs, self.all_args)[1] <= 0:
+            raise RuntimeError("cannot sample n_sample <= 0 samples")
         same = _SAME_DTYPE.get(base.rstrip("_"))
         if same is not None:
             vals = self._values(args, kwargs, self.all_args)

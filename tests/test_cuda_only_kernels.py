@@ -448,3 +448,15 @@ def test_fused_optimizers_compute_half_precision_in_float32(dtype, opt_cls, kw):
     for a, b in zip(tpu, cpu):
         assert torch.isfinite(a).all()
         torch.testing.assert_close(a.float(), b.float(), rtol=1e-2, atol=1e-3)
+
+
+@pytest.mark.parametrize("args,kw", [((5,), {}), ((8, False), {}), ((16, True, 5.0), {}), ((1,), {}), ((0,), {}),
+                                     ((7,), {"dtype": torch.float64}), ((9, False, 3.0), {"dtype": torch.bfloat16})])
+def test_kaiser_window(args, kw):
+    """kaiser_window's composite kernel ends in a CPU/CUDA-only DispatchStub
+    (an internal assert for tpu): a tpu kernel computes the CPU's formula."""
+    got = torch.kaiser_window(*args, device="tpu", **kw)
+    assert got.device.type == "tpu"
+    torch.testing.assert_close(got.cpu(), torch.kaiser_window(*args, **kw), rtol=1e-5, atol=1e-6)
+    with pytest.raises(RuntimeError, match="floating point dtypes"):
+        torch.kaiser_window(4, dtype=torch.int64, device="tpu")

@@ -607,7 +607,29 @@ def _grid_sampler_3d_backward(grad_output, input, grid, interpolation_mode, padd
     return grad_input if output_mask[0] else None, grad_grid if output_mask[1] else None
 
 
+def _kaiser_window(window_length, periodic=True, beta=12.0, *, dtype=None, layout=None, device=None,
+                   pin_memory=None):
+    """The CPU kernel (kaiser_window_stub): i0(beta sqrt|1 - ((n - a) / a)^2|) / i0(beta),
+    a = (L - 1) / 2, in the dtype's opmath; periodic windows take L + 1
+    points and drop the last."""
+    dtype = dtype or torch.get_default_dtype()
+    if window_length < 0:
+        raise RuntimeError(f"kaiser_window requires non-negative window_length, got window_length={window_length}")
+    if not dtype.is_floating_point:
+        raise RuntimeError(f"kaiser_window expects floating point dtypes, got: {dtype}")
+    if window_length <= 1:
+        return torch.ones(window_length, dtype=dtype, device=device)
+    n_pts = window_length + 1 if periodic else window_length
+    ct = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+    n = torch.arange(n_pts, dtype=dtype, device=device).to(ct)
+    alpha = (n_pts - 1) / 2.0
+    x = beta * torch.sqrt(torch.abs(1 - ((n - alpha) / alpha) ** 2))
+    w = (torch.i0(x) / torch.i0(torch.full((), beta, dtype=ct, device=device))).to(dtype)
+    return w[:window_length] if periodic else w
+
+
 KERNELS = {
+    "aten::kaiser_window.beta": _kaiser_window,
     "aten::grid_sampler_3d": _grid_sampler_3d,
     "aten::grid_sampler_3d_backward": _grid_sampler_3d_backward,
     "aten::multilabel_margin_loss_forward": _multilabel_margin_loss_forward,

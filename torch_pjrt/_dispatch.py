@@ -1280,6 +1280,10 @@ def install():
     # so these copies get their own registration.
     for name in ("_copy_from", "_copy_from_and_resize"):
         impl.impl(name, functools.partial(_fallback, getattr(torch.ops.aten, name).default), "PrivateUse1")
+    # Factories whose CompositeExplicitAutograd kernel ends in a DispatchStub
+    # that has only CPU/CUDA kernels (an internal assert for tpu): _composite's.
+    for name in ("kaiser_window", "kaiser_window.periodic", "kaiser_window.beta"):
+        impl.impl(name, _composite.KERNELS["aten::kaiser_window.beta"], "PrivateUse1")
     # copy_ hands a conjugate/negative view to _copy_from unresolved; the
     # generic Conjugate/Negative fallback would resolve it with clone, which
     # copies through _copy_from again, without end (a stack overflow, as in

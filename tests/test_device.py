@@ -611,6 +611,14 @@ def test_tpu_amp_mirrors_cuda_amp():
         assert torch.get_autocast_dtype("tpu") == torch.float16
 
 
+def test_cuda_style_memory_aliases_and_noops():
+    x = torch.ones(1024, device="tpu")
+    assert torch.tpu.memory_cached() == torch.tpu.memory_reserved() >= x.nbytes
+    assert torch.tpu.max_memory_cached() == torch.tpu.max_memory_reserved()
+    torch.tpu.ipc_collect()
+    assert torch.tpu.is_current_stream_capturing() is False
+
+
 def test_accelerator_memory_api():
     """torch.accelerator's memory functions read the same accounting as
     torch.tpu's."""

@@ -259,8 +259,21 @@ def max_memory_reserved(device=None) -> int:
     return max_memory_allocated(device)
 
 
+memory_cached = memory_reserved  # torch.cuda's deprecated names
+max_memory_cached = max_memory_reserved
+
+
 def empty_cache() -> None:
     """Nothing to release: freed buffers go back to the plugin at once."""
+
+
+def ipc_collect() -> None:
+    """Nothing to collect: tensors cross processes by value (no IPC handles)."""
+
+
+def is_current_stream_capturing() -> bool:
+    """Always False: there is no stream (CUDA graph) capture on tpu."""
+    return False
 
 
 def memory_stats(device=None) -> dict:

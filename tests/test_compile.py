@@ -518,3 +518,24 @@ def test_complex_rotary_embedding_trains_compiled():
         (out ** 2 * torch.arange(8.0, device="tpu")).sum().backward()
     torch.testing.assert_close(out.detach().cpu(), rope(q, freqs).detach(), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(qt.grad.cpu(), q.grad, rtol=1e-5, atol=1e-5)
+
+
+def test_cpu_inputs_travel_packed():
+    """CPU values the program reads (an optimizer's step counters, tensors
+    moved inside the graph) go to the device in one transfer per dtype and
+    are sliced apart in the program."""
+    torch._dynamo.reset()
+
+    def f(x, a, b, s, t, i, j):
+        return x * a.to(x.device) + b.to(x.device).sum() * s.to(x.device) + t.to(x.device) + (i + j).to(x.device)
+
+    x = torch.randn(3, device="tpu")
+    cpu_args = (torch.randn(3), torch.randn(2, 2), torch.tensor(2.0), torch.tensor(-1.0), torch.tensor(3), torch.tensor(4))
+    before = torch_pjrt.metrics()["h2d_transfers"]
+    got = torch.compile(f, backend="tpu")(x, *cpu_args)
+    torch.testing.assert_close(got.cpu(), f(x.cpu(), *cpu_args))
+    cpu_args = tuple(a * 2 for a in cpu_args)
+    before = torch_pjrt.metrics()["h2d_transfers"]
+    got = torch.compile(f, backend="tpu")(x, *cpu_args)
+    assert torch_pjrt.metrics()["h2d_transfers"] - before == 2  # float32 and int64
+    torch.testing.assert_close(got.cpu(), f(x.cpu(), *cpu_args))

@@ -191,7 +191,12 @@ class GraphProgram:
         values = {}  # fx node -> value id, or tuple of ids for multi-output nodes
         types = []
 
+        cpu_params = {}  # dtype -> [(node, src, type)]: CPU values the program reads
+
         def param(n, src, val):
+            if isinstance(val, torch.Tensor) and val.device.type == "cpu":
+                cpu_params.setdefault(val.dtype, []).append((n, src, _type(val)))
+                return
             values[n] = len(types)
             types.append(_type(val))
             self.params.append(src)
@@ -220,7 +225,27 @@ class GraphProgram:
         for k, n in enumerate(feeds):
             param(n, ("host", k), n.meta.get("val") if n.op != "get_attr" else getattr(gm, n.target))
         self.host_out_index = {n: len(feeds) + k for k, n in enumerate(host_outs)}
+        # CPU values travel together, one transfer per dtype (an optimizer's
+        # step counters): the program takes them packed and slices them.
+        packs = []
+        for dt, items in cpu_params.items():
+            if len(items) == 1:
+                n, src, ty = items[0]
+                values[n] = len(types)
+                types.append(ty)
+                self.params.append(src)
+                continue
+            packs.append((len(types), items))
+            types.append((CODE[dt], (sum(math.prod(ty[1]) for _, _, ty in items),)))
+            self.params.append(("pack", [src for _, src, _ in items], all(not ty[1] for _, _, ty in items)))
         self.gid = _C.graph_new(types)
+        for pid, items in packs:
+            off = 0
+            for n, _, (code, shape) in items:
+                k = math.prod(shape)
+                flat = _C.graph_add(self.gid, "aten::slice.Tensor", (("V", pid), 0, off, off + k, 1), [(code, (k,))])
+                values[n] = _C.graph_add(self.gid, "aten::view", (("V", flat), list(shape)), [(code, shape)])
+                off += k
         self.outputs = []  # per graph output: ("v", k) k-th program output | ("in", i) | ("host", k) | ("none",)
         self.out_specs = []
         # Inputs the graph mutates (copy_ into a placeholder, kept in the graph
@@ -429,37 +454,24 @@ class GraphProgram:
                 device = t.device.index
                 break
         dev = torch.device("tpu", device)
-        params = []
-        for src in self.params:
-            if src[0] == "in":
-                t = args[src[1]]
-                if not isinstance(t, torch.Tensor):
-                    raise RuntimeError(f"torch-pjrt compiled graph got a non-tensor input {type(t).__name__}")
-                if t.device.type not in ("cpu", "tpu") or (t.device.type == "tpu" and t.device != dev):
-                    raise RuntimeError(f"torch-pjrt compiled graph: input {src[1]} is on {t.device}, "
-                                       f"expected the CPU or {dev}")
-                params.append(t.clone() if src[1] in self.snapshot else t)
-            else:
-                params.append(src[1] if src[0] == "const" else None)
+
+        def value(src):  # an "in" or "const" source (host values come later)
+            if src[0] == "in":  # run_graph checks that device inputs are on dev
+                return args[src[1]].clone() if src[1] in self.snapshot else args[src[1]]
+            return src[1] if src[0] == "const" else None
+
+        params = [[value(s) for s in src[1]] if src[0] == "pack" else value(src) for src in self.params]
         host_vals = self.host_gm(*args) if self.host_gm is not None else ()
         for k, src in enumerate(self.params):
             if src[0] == "host":
-                params[k] = host_vals[src[1]]
-        # CPU values travel together: one transfer per dtype, not one per tensor.
-        groups = {}
-        for k, t in enumerate(params):
-            if t.device.type == "cpu":
-                groups.setdefault(t.dtype, []).append(k)
-        for idx in groups.values():
-            if len(idx) == 1:
-                params[idx[0]] = params[idx[0]].to(dev)
-                continue
-            packed = torch.cat([params[k].detach().reshape(-1) for k in idx]).to(dev)
-            off = 0
-            for k in idx:
-                n = params[k].numel()
-                params[k] = packed[off:off + n].view(params[k].shape)
-                off += n
+                params[k] = host_vals[src[1]].to(dev)
+            elif src[0] == "pack":
+                parts = [host_vals[s[1]] if s[0] == "host" else v for s, v in zip(src[1], params[k])]
+                with torch.no_grad():  # 0-d values (step counters): stacked, the rest flattened
+                    packed = torch.stack(parts) if src[2] else torch.cat([t.reshape(-1) for t in parts])
+                params[k] = packed.to(dev)
+            elif params[k].device.type == "cpu":
+                params[k] = params[k].to(dev)
         packed = [torch.empty(sum(k for _, k in items), dtype=dt, device=dev)
                   for dt, items in self.host_muts.items()]
         # csrc/glue/graph.cpp: allocates the outputs, runs the program.

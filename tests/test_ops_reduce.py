@@ -579,6 +579,7 @@ EMPTY_REDUCTIONS = {
     # allowed: the reduced dim is not empty, or the op has an identity / a nan result
     "max(1)": lambda t: t.max(1), "amax(1)": lambda t: t.amax(1), "median()": lambda t: t.median(),
     "prod(0)": lambda t: t.prod(0), "cummax(0)": lambda t: t.cummax(0),
+    "max(t, t)": lambda t: torch.max(t, t), "min(t, t)": lambda t: torch.min(t, t),
 }
 
 

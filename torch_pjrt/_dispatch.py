@@ -469,6 +469,8 @@ _NEEDS_NONEMPTY = {"max", "min", "amax", "amin", "argmax", "argmin", "aminmax", 
 
 def _check_nonempty(base, vals, names):
     x = vals[0]
+    if any(isinstance(v, torch.Tensor) for v in vals[1:]) and "dim" not in names:
+        return  # max.other, min.other: elementwise
     dim = vals[names.index("dim")] if "dim" in names else None
     if dim is None or (isinstance(dim, (list, tuple)) and not dim and base in ("amax", "amin")):
         if base in ("median", "nanmedian", "mode", "kthvalue"):  # median() of nothing is nan

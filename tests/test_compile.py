@@ -539,3 +539,172 @@ def test_cpu_inputs_travel_packed():
     got = torch.compile(f, backend="tpu")(x, *cpu_args)
     assert torch_pjrt.metrics()["h2d_transfers"] - before == 2  # float32 and int64
     torch.testing.assert_close(got.cpu(), f(x.cpu(), *cpu_args))
+
+def _checkpointed(dev, ckpt, p=0.5):
+    torch.manual_seed(0)
+    nn = torch.nn
+    m = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Dropout(p), nn.Linear(16, 8)).to(dev)
+    if not ckpt:
+        return m, lambda x: (m(x) ** 2).sum()
+    from torch.utils.checkpoint import checkpoint
+
+    return m, lambda x: (checkpoint(m, x, use_reentrant=False) ** 2).sum()
+
+
+def _losses_and_grads(dev, ckpt, backend=None, p=0.5):
+    m, f = _checkpointed(dev, ckpt, p)
+    if backend:
+        f = torch.compile(f, backend=backend)
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(1)).to(dev).requires_grad_()
+    got = []
+    for step in range(2):
+        torch.manual_seed(5 + step)
+        x.grad = None
+        m.zero_grad()
+        loss = f(x)
+        loss.backward()
+        got.append([loss.detach().cpu(), x.grad.cpu()] + [q.grad.cpu() for q in m.parameters()])
+    return got
+
+
+def test_activation_checkpointing_of_dropout_compiles():
+    """torch.utils.checkpoint around dropout: the partitioner wraps the
+    random op in run_and_save_rng_state / run_with_rng_state, which lower
+    (the backward's recomputation draws the forward's mask), and losses and
+    gradients are those without checkpointing, compiled or not (one random
+    op per graph: the first key of a program is the device's state)."""
+    from util import all_graphs_lowered
+
+    torch._dynamo.reset()
+    ref = _losses_and_grads("tpu", ckpt=False)
+    with all_graphs_lowered():
+        got = _losses_and_grads("tpu", ckpt=True, backend="tpu")
+    for want in (ref, _losses_and_grads("tpu", ckpt=True), _losses_and_grads("tpu", ckpt=False, backend="tpu")):
+        for a, b in zip(got, want):
+            for u, v in zip(a, b):
+                torch.testing.assert_close(u, v, rtol=1e-5, atol=1e-6)
+    # Without dropping anything, as the CPU's aot_eager run.
+    cpu = _losses_and_grads("cpu", ckpt=True, backend="aot_eager", p=0.0)
+    for a, b in zip(_losses_and_grads("tpu", ckpt=True, backend="tpu", p=0.0), cpu):
+        for u, v in zip(a, b):
+            torch.testing.assert_close(u, v, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("eager", [None, "forward", "backward"])
+def test_checkpointed_dropout_backward_replays_the_forward_mask(monkeypatch, eager):
+    """Two dropouts in a checkpoint: the gradient is the product of the
+    masks the forward drew, with both graphs lowered, or one of them run op
+    by op (the random state is the same 16 bytes either way:
+    torch.tpu.get_rng_state()'s seed and counter)."""
+    from torch._prims import rng_prims
+    from torch.utils.checkpoint import checkpoint
+
+    from torch_pjrt import _compile
+
+    if eager:
+        hop = rng_prims.run_and_save_rng_state if eager == "forward" else rng_prims.run_with_rng_state
+        init = _compile.GraphProgram.__init__
+
+        def refuse(self, gm, example_inputs):
+            if gm.graph.find_nodes(op="call_function", target=hop):
+                raise _compile.Unsupported("a graph this test runs op by op")
+            init(self, gm, example_inputs)
+
+        monkeypatch.setattr(_compile.GraphProgram, "__init__", refuse)
+    torch._dynamo.reset()
+    drop = torch.nn.functional.dropout
+    f = torch.compile(lambda x: checkpoint(lambda x: drop(drop(x * 3, 0.5), 0.2), x, use_reentrant=False),
+                      backend="tpu")
+    before = torch_pjrt.metrics()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for _ in range(2):
+            x = torch.rand(64, 32, device="tpu", requires_grad=True)
+            out = f(x)
+            out.sum().backward()
+            torch.testing.assert_close(x.grad.cpu(), (out != 0).float().cpu() * 3 / 0.5 / 0.8)
+            assert 0.3 < (out != 0).float().mean().item() < 0.5
+    after = torch_pjrt.metrics()
+    assert after["graphs_eager"] - before["graphs_eager"] == (1 if eager else 0)
+
+
+def test_rng_state_ops_run_on_tpu():
+    """run_and_save_rng_state / run_with_rng_state with tpu tensors (a graph
+    run op by op): the second replays the first's numbers."""
+    from torch._prims.rng_prims import run_and_save_rng_state, run_with_rng_state
+
+    x = torch.ones(100, device="tpu")
+    state, (out, mask) = run_and_save_rng_state(torch.ops.aten.native_dropout.default, x, 0.5, True)
+    after = torch.tpu.get_rng_state()
+    out2, mask2 = run_with_rng_state(state, torch.ops.aten.native_dropout.default, x, 0.5, True)
+    assert torch.equal(mask2.cpu(), mask.cpu()) and torch.equal(out2.cpu(), out.cpu())
+    assert torch.equal(torch.tpu.get_rng_state(), after)  # restored
+    assert not torch.equal(run_and_save_rng_state(torch.ops.aten.native_dropout.default, x, 0.5, True)[1][1].cpu(),
+                           mask.cpu())
+
+
+RANDOM = {
+    "randn": lambda t, g: t + torch.randn(t.shape, device=t.device, **g),
+    "rand": lambda t, g: t + torch.rand(t.shape, device=t.device, **g),
+    "randint": lambda t, g: t + torch.randint(0, 100, t.shape, device=t.device, **g),
+    "bernoulli": lambda t, g: t + torch.bernoulli(torch.full_like(t, 0.5), **g),
+    "dropout": lambda t, g: torch.nn.functional.dropout(t + 1, 0.5),  # no generator argument
+}
+
+
+@pytest.mark.parametrize("generator", [False, True])
+@pytest.mark.parametrize("op", RANDOM)
+def test_first_compiled_random_call_is_the_eager_draw(op, generator):
+    """The call that compiles draws what eager mode draws for the same
+    seed, from the default generator or a torch.Generator("tpu") given."""
+    if generator and op == "dropout":
+        pytest.skip("dropout takes no generator")
+    torch._dynamo.reset()
+    g = torch.Generator("tpu") if generator else None
+    kw = {"generator": g} if generator else {}
+    seed = g.manual_seed if generator else torch.manual_seed
+    fn = RANDOM[op]
+    x = torch.zeros(64, device="tpu")
+    f = torch.compile(lambda t: fn(t, kw), backend="tpu")
+    state = (lambda: g.get_state()) if generator else torch.tpu.get_rng_state
+    seed(3)
+    first, after_first = f(x).cpu(), state()
+    seed(3)
+    again, after_again = f(x).cpu(), state()  # compiled: compiling drew nothing
+    seed(3)
+    assert torch.equal(first, fn(x, kw).cpu())
+    assert torch.equal(again, first) and torch.equal(after_again, after_first)
+
+
+def test_first_compiled_call_with_a_generator_in_a_fresh_process():
+    """The same in a new process, where the first thing Dynamo runs is the
+    random op given a generator (not traced: the kernel runs eagerly inside
+    the compiled function).  Dynamo traced the op kernels until the backend
+    compiled a graph, and the kernel's meta probe, compiled into a program,
+    ran the op on the device: the first call drew twice."""
+    import subprocess
+    import sys
+
+    code = ("import torch, torch_pjrt\n"
+            "for op in ('randn', 'rand', 'randint'):\n"
+            "    g = torch.Generator('tpu'); x = torch.zeros(8, device='tpu')\n"
+            "    draw = lambda t: getattr(torch, op)(*((0, 9) if op == 'randint' else ()), t.shape, generator=g,\n"
+            "                                        device=t.device)\n"
+            "    f = torch.compile(lambda t: t + draw(t), backend='tpu')\n"
+            "    g.manual_seed(1); first = f(x).cpu()\n"
+            "    g.manual_seed(1); eager = (x + draw(x)).cpu()\n"
+            "    print(op, torch.equal(first, eager))\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split() == ["randn", "True", "rand", "True", "randint", "True"], r.stdout
+
+
+def test_meta_tensors_in_a_graph_stay_meta():
+    """A graph that makes meta tensors runs op by op: a program's results
+    are tpu tensors."""
+    torch._dynamo.reset()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out, meta = torch.compile(lambda x: (x + 1, torch.zeros(2, device="meta")), backend="tpu")(
+            torch.ones(3, device="tpu"))
+    assert out.device.type == "tpu" and meta.device.type == "meta"

@@ -17,6 +17,7 @@ import warnings
 import sys
 
 import torch
+from torch._prims import rng_prims as _rng_prims
 
 from . import _C, _composite
 from ._dispatch import _NUMBER_TYPES, _qualname
@@ -178,6 +179,17 @@ class GraphProgram:
         self.ninputs = len(placeholders)
         ph_vals = [n.meta.get("val", example_inputs[i] if i < len(example_inputs) else None)
                    for i, n in enumerate(placeholders)]
+        # The random states that activation checkpointing passes from the
+        # forward to the backward: 16 bytes (the partitioner describes
+        # them as the CPU generator's state).
+        for n in graph.find_nodes(op="call_function", target=_rng_prims.run_with_rng_state):
+            if n.args[0] in placeholders:
+                ph_vals[placeholders.index(n.args[0])] = _RNG_STATE
+        for n in graph.nodes:  # a program's results are device tensors, with data
+            v = n.meta.get("val")
+            if any(isinstance(t, torch.Tensor) and t.device.type == "meta" for t in
+                   (v if isinstance(v, (list, tuple)) else (v,))):
+                raise Unsupported("tensors on the meta device")
         host = _host_nodes(graph, ph_vals)
         device_reads = set()  # host nodes that device nodes read
         for n in graph.nodes:
@@ -187,6 +199,7 @@ class GraphProgram:
         host_outs = [o for o in out_node.args[0] if isinstance(o, torch.fx.Node) and o in host
                      and o.op != "placeholder"]
         self.ph_index = {n: i for i, n in enumerate(placeholders)}
+        self.rng_states = set()  # value ids of tp::rng_state nodes
         self.params = []  # per program parameter: ("in", input index) | ("const", tensor) | ("host", k)
         values = {}  # fx node -> value id, or tuple of ids for multi-output nodes
         types = []
@@ -302,6 +315,22 @@ class GraphProgram:
         if n.target is torch.ops.higher_order.cond:
             values[n] = self._add_cond(n, values)
             return
+        if n.target is _rng_prims.run_and_save_rng_state:
+            # A checkpointed random op in the forward: (its state, its
+            # outputs); the op draws from the state ...
+            op, *args = n.args
+            state = _C.graph_add(self.gid, "tp::rng_state", (), [_type(_RNG_STATE)])
+            self.rng_states.add(state)
+            values[n] = (state, self._add_op(op, args, n.kwargs, _meta_val(op, args, n.kwargs), values, key=state))
+            return
+        if n.target is _rng_prims.run_with_rng_state:
+            # ... and its recomputation in the backward draws the same numbers.
+            state, op, *args = n.args
+            key = values.get(state)
+            if not isinstance(key, int):
+                raise Unsupported(f"random state {state}")
+            values[n] = self._add_op(op, args, n.kwargs, _meta_val(op, args, n.kwargs), values, key=key)
+            return
         if not isinstance(n.target, torch._ops.OpOverload):
             raise Unsupported(f"call to {n.target}")
         if n.target is torch.ops.aten.copy_.default and getattr(n.args[0], "op", None) == "placeholder":
@@ -314,9 +343,10 @@ class GraphProgram:
             return
         values[n] = self._add_op(n.target, n.args, n.kwargs, n.meta.get("val"), values)
 
-    def _add_op(self, op, args, kwargs, val, values, by_position=False):
+    def _add_op(self, op, args, kwargs, val, values, by_position=False, key=-1):
         """Add one op node; returns its value id (or a tuple of ids).
-        by_position: args fill the schema in order, keyword-only ones too."""
+        by_position: args fill the schema in order, keyword-only ones too.
+        key: a random state's value id the op draws with (-1: a fresh key)."""
         name = _qualname(op)
         if not _C.has_lowering(name):
             raise Unsupported(name)
@@ -334,7 +364,7 @@ class GraphProgram:
         multi = isinstance(val, (tuple, list))
         outs = list(val) if multi else [val]
         defined = [o for o in outs if o is not None]
-        first = _C.graph_add(self.gid, name, tuple(vals), [_type(o) for o in defined])
+        first = _C.graph_add(self.gid, name, tuple(vals), [_type(o) for o in defined], key)
         ids, k = [], 0
         for o in outs:
             if o is None:
@@ -410,7 +440,7 @@ class GraphProgram:
                 vid = values.get(o)
                 if not isinstance(vid, int):
                     raise Unsupported(f"graph output {o}")
-                val = o.meta["val"]
+                val = _RNG_STATE if vid in self.rng_states else o.meta["val"]
                 shape, stride = tuple(val.shape), tuple(val.stride())
                 # An expanded output (stride 0, as expand() gives, also in
                 # tensors saved for backward): the program writes one copy
@@ -496,6 +526,23 @@ class GraphProgram:
         return result
 
 
+# Activation checkpointing's random states (torch.tpu.get_rng_state()'s
+# form: the seed and the counter of the key a random op draws with).
+_RNG_STATE = torch.empty(16, dtype=torch.uint8)
+
+
+def _meta_val(op, args, kwargs):
+    """op's outputs for the args' values, on the meta device (the nodes the
+    partitioner adds for checkpointed random ops carry none)."""
+    def meta(a):
+        v = a.meta.get("val") if isinstance(a, torch.fx.Node) else a
+        if isinstance(v, torch.Tensor):
+            return torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device="meta")
+        return v
+
+    return op(*torch.fx.node.map_aggregate(args, meta), **torch.fx.node.map_aggregate(kwargs, meta))
+
+
 def _host_graph(gm, host, outputs):
     """A GraphModule of the host nodes: all of gm's inputs in, `outputs` out."""
     g = torch.fx.Graph()
@@ -541,6 +588,48 @@ def _foreach_target(base, ovl):
         if c in packet.overloads():
             return getattr(packet, c)
     return None
+
+
+def _rng_device(args):
+    return next((a.device for a in args if isinstance(a, torch.Tensor) and a.device.type == "tpu"), None)
+
+
+def _run_and_save_rng_state(op, *args, **kwargs):
+    return torch.tpu.get_rng_state(_rng_device(args)), op(*args, **kwargs)
+
+
+def _run_with_rng_state(state, op, *args, **kwargs):
+    dev = _rng_device(args)
+    saved = torch.tpu.get_rng_state(dev)
+    torch.tpu.set_rng_state(state, dev)
+    try:
+        return op(*args, **kwargs)
+    finally:
+        torch.tpu.set_rng_state(saved, dev)
+
+
+def _register_rng_hops():
+    """The tpu kernels of the ops activation checkpointing wraps random ops
+    in (PyTorch has them for CPU, CUDA, HPU and XPU only), for graphs that
+    run op by op: the recomputation in the backward restores the forward's
+    state, so it draws the same numbers.  Their BackendSelect kernel picks
+    the device's kernel from a fixed table, which lacks tpu."""
+    from torch._C import DispatchKey
+
+    for hop, impl, first in ((_rng_prims.run_and_save_rng_state, _run_and_save_rng_state, 1),
+                             (_rng_prims.run_with_rng_state, _run_with_rng_state, 2)):
+        if DispatchKey.PrivateUse1 in hop.py_kernels:
+            continue
+        hop.py_impl(DispatchKey.PrivateUse1)(impl)
+        select = hop.py_kernels.pop(DispatchKey.BackendSelect)
+
+        def backend_select(*args, _impl=impl, _select=select, _first=first, **kwargs):
+            if _rng_prims.get_device(args[_first:], kwargs) == "tpu":
+                return _impl(*args, **kwargs)
+            return _select(*args, **kwargs)
+
+        hop.py_impl(DispatchKey.BackendSelect)(backend_select)
+        hop._dispatch_cache.clear()
 
 
 _warned = set()
@@ -803,6 +892,26 @@ def _route_default_backend():
 
 
 _routed_warned = []
+
+
+def _skip_kernel_frames_on_compile():
+    """Keep Dynamo out of the op kernels from torch.compile() on, not only
+    from the first graph the backend gets: eager code before that graph (a
+    random op given a generator, which Dynamo does not trace, at the start
+    of a function) was traced through the kernels, and the kernel's meta
+    probe, compiled, ran the op on the device: the first call drew twice
+    from the generator."""
+    for name in ("_TorchCompileWrapper", "_TorchCompileInductorWrapper"):
+        cls = getattr(torch, name, None)
+        if cls is None or getattr(cls.__init__, "_tp_skips", False):
+            continue
+
+        def __init__(self, *args, _init=cls.__init__, **kwargs):
+            _init(self, *args, **kwargs)
+            _skip_kernel_frames()
+
+        __init__._tp_skips = True
+        cls.__init__ = __init__
 
 
 def register():

@@ -13,6 +13,7 @@ typedef struct gnode {
   int nouts;
   tp_type *outs;
   int first; /* id of the first output value */
+  int key;   /* id of a random state value (tp::rng_state) the node draws with, or -1: a fresh key */
 } gnode;
 
 typedef struct graph {
@@ -100,11 +101,12 @@ void tp_graph_free(int id) {
 }
 
 tp_status *tp_graph_add(int id, const char *op, const tp_arg *args, int nargs, const tp_type *outs, int nouts,
-                        int *first) {
+                        int key, int *first) {
   graph *g = lookup(id);
   if (!g) return tp_error(TP_INVALID_ARGUMENT, "no graph with id %d", id);
   tp_lower_fn fn = tp_lower_find(op);
   if (!fn) return tp_error(TP_UNIMPLEMENTED, "no lowering for %s", op);
+  if (key >= g->nvals) return tp_error(TP_INVALID_ARGUMENT, "%s: the random state refers to unknown value %d", op, key);
   for (int j = 0; j < nargs; j++) {
     if (args[j].kind == TP_ARG_TENSOR && (args[j].i < 0 || args[j].i >= g->nvals))
       return tp_error(TP_INVALID_ARGUMENT, "%s: argument %d refers to unknown value %lld", op, j, (long long)args[j].i);
@@ -157,6 +159,7 @@ tp_status *tp_graph_add(int id, const char *op, const tp_arg *args, int nargs, c
   }
   if (nouts) memcpy(nd->outs, outs, sizeof(tp_type) * (size_t)nouts);
   nd->first = g->nvals;
+  nd->key = key < 0 ? -1 : key;
   g->nvals += nouts;
   g->nnodes++;
   *first = nd->first;
@@ -175,6 +178,18 @@ tp_status *tp_graph_set_outputs(int id, const int *values, int n) {
   g->outputs = o;
   g->noutputs = n;
   return NULL;
+}
+
+/* The key of a node given a random state (a u8[16] value: seed and counter,
+ * the bytes of a tensor<2xui64> key): the same numbers as the node that drew
+ * with it (activation checkpointing recomputes a random op in the backward
+ * with the forward's state).  Lowering runs under the storage lock. */
+static tp_val g_state = -1;
+static tp_val state_key(tp_emit *e, const tp_node *n) {
+  (void)n;
+  int64_t d[2] = {2, 8}, two = 2;
+  tp_type t = tp_type_make(TP_U64, 1, &two);
+  return em_bitcast(e, em_reshape(e, g_state, 2, d), &t);
 }
 
 /* Numbers inside a graph are constants of the graph. */
@@ -224,7 +239,12 @@ void tp_graph_lower(tp_emit *e, const tp_node *n, tp_val *outs) {
       }
       for (int q = 0; q < nd->nouts; q++) ov[q] = -1;
       tp_node sub = {nd->op, nd->nargs, la, nd->nouts, nd->outs, n->ctx, const_scalar, n->rng_key, n->check};
+      if (nd->key >= 0) {
+        g_state = vals[nd->key];
+        sub.rng_key = state_key;
+      }
       tp_lower_run(nd->fn, e, &sub, ov);
+      g_state = -1;
       for (int q = 0; q < nd->nouts && !em_failed(e); q++) {
         if (ov[q] < 0) {
           em_fail(e, TP_INTERNAL, "lowering of %s produced no value for output %d", nd->op, q);

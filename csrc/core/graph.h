@@ -25,9 +25,11 @@ extern "C" {
 tp_status *tp_graph_new(int ninputs, const tp_type *inputs, int *id);
 /* Append a node.  Tensor arguments are TP_ARG_TENSOR with .i = value id;
  * list entries are value ids in .ints (-1 for None) for TP_ARG_TENSORS.
+ * key >= 0: the id of a random state value (see tp::rng_state) the node's
+ * random numbers come from instead of a fresh key (-1).
  * Writes the id of the node's first output value to *first. */
 tp_status *tp_graph_add(int id, const char *op, const tp_arg *args, int nargs, const tp_type *outs, int nouts,
-                        int *first);
+                        int key, int *first);
 tp_status *tp_graph_set_outputs(int id, const int *values, int n);
 void tp_graph_free(int id);
 

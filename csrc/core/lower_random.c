@@ -655,6 +655,21 @@ static void r_native_dropout_backward(tp_emit *e, const tp_node *n, tp_val *o) {
   o[0] = em_convert(e, bin_k(e, "stablehlo.multiply", mul(e, g, m), scale), dt);
 }
 
+/* ---- random states (compiled graphs) ---------------------------------------- */
+
+/* tp::rng_state() -> u8[16]: a fresh key as a random state, the seed and
+ * counter as torch.tpu.get_rng_state() gives them.  Graph nodes given the
+ * state (tp_graph_add's key) draw with this key, and so does an eager op
+ * after torch.tpu.set_rng_state(state): a checkpointed random op and its
+ * recomputation in the backward get the same numbers. */
+static void r_rng_state(tp_emit *e, const tp_node *n, tp_val *o) {
+  tp_val key = n->rng_key(e, n);
+  if (key < 0 || em_failed(e)) return;
+  int64_t d[2] = {2, 8}, flat = 16;
+  tp_type t = tp_type_make(TP_U8, 2, d);
+  o[0] = em_reshape(e, em_bitcast(e, key, &t), 1, &flat);
+}
+
 /* ---- sorting (randperm, multinomial) -------------------------------------- */
 
 /* Sort a u64 tensor along `dim` (unsigned order, ascending or descending).
@@ -843,5 +858,6 @@ const tp_lower_entry tp_lower_random[] = {
     {"aten::randperm.generator_out", r_randperm},
     {"aten::randperm.out", r_randperm},
     {"aten::multinomial", r_multinomial},
+    {"tp::rng_state", r_rng_state},
     {NULL, NULL},
 };

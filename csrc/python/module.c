@@ -322,7 +322,8 @@ static PyObject *py_graph_add(PyObject *self, PyObject *a) {
   int id;
   const char *op;
   PyObject *args, *types;
-  if (!PyArg_ParseTuple(a, "isO!O", &id, &op, &PyTuple_Type, &args, &types)) return NULL;
+  int key = -1;
+  if (!PyArg_ParseTuple(a, "isO!O|i", &id, &op, &PyTuple_Type, &args, &types, &key)) return NULL;
   Py_ssize_t nargs = PyTuple_GET_SIZE(args), nouts = 0;
   tp_arg *la = calloc((size_t)nargs + 1, sizeof(tp_arg));
   int64_t **lists = calloc((size_t)nargs + 1, sizeof(int64_t *));
@@ -386,7 +387,7 @@ static PyObject *py_graph_add(PyObject *self, PyObject *a) {
   }
   if (parse_types(types, &ot, &nouts) < 0) goto done;
   int first = 0;
-  tp_status *st = tp_graph_add(id, op, la, (int)nargs, ot, (int)nouts, &first);
+  tp_status *st = tp_graph_add(id, op, la, (int)nargs, ot, (int)nouts, key, &first);
   if (st) {
     raise_status(st);
     goto done;
@@ -917,7 +918,7 @@ static PyMethodDef methods[] = {
      "and the new offset is returned"},
     {"fast_call", (PyCFunction)(void (*)(void))py_fast_call, METH_FASTCALL, "fast_call(plan, args): run a cached op, or NotImplemented"},
     {"graph_new", py_graph_new, METH_VARARGS, "graph_new(input_types) -> id"},
-    {"graph_add", py_graph_add, METH_VARARGS, "graph_add(id, op, args, out_types) -> first output value id"},
+    {"graph_add", py_graph_add, METH_VARARGS, "graph_add(id, op, args, out_types[, key]) -> first output value id"},
     {"graph_outputs", py_graph_outputs, METH_VARARGS, "graph_outputs(id, value_ids)"},
     {"graph_free", py_graph_free, METH_VARARGS, "graph_free(id)"},
     {"has_lowering", py_has_lowering, METH_O, "has_lowering(name) -> bool"},

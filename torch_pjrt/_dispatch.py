@@ -450,17 +450,16 @@ _SAME_DTYPE = {
                       "source.dtype = {source}"),
     "index_put": ("values", "Index put requires the source and destination dtypes match, got {self} for the "
                             "destination and {source} for the source."),
-    "_index_put_impl": ("values", "Index put requires the source and destination dtypes match, got {self} for the "
-                                  "destination and {source} for the source."),
 }
+_SAME_DTYPE["_index_put_impl"] = _SAME_DTYPE["index_put"]
 
 # Ops run through decompositions that PyTorch's CPU kernels refuse for complex
 # inputs (the lowered ones: k_no_complex in csrc/core/lower.c).
 _NO_COMPLEX = {
     "xlogy": (NotImplementedError, "\"xlogy_cpu\" not implemented for '{}'"),
-    "special_xlogy": (NotImplementedError, "\"xlogy_cpu\" not implemented for '{}'"),
     "nansum": (RuntimeError, "nansum on CPU does not support complex inputs"),
 }
+_NO_COMPLEX["special_xlogy"] = _NO_COMPLEX["xlogy"]
 
 # Reductions without an identity: an empty reduced dim raises on the CPU.
 _NEEDS_NONEMPTY = {"max", "min", "amax", "amin", "argmax", "argmin", "aminmax", "kthvalue", "median", "nanmedian",
@@ -523,15 +522,9 @@ class _Handler:
             if _C.has_lowering(self.name):
                 self.lowering = self.name
             else:
-                ns, rest = self.name.split("::")
-                fname, _, ovl = rest.partition(".")
-                cand = f"{ns}::{fname[:-1]}" + (f".{ovl}" if ovl else "")
-                fpacket = getattr(getattr(torch.ops, ns), fname[:-1], None)
-                fop = getattr(fpacket, ovl or "default", None) if fpacket is not None else None
-                # transpose_ and friends change metadata, not data: never
-                # borrow the rule of a view op.
-                if _C.has_lowering(cand) and not (fop is not None and _is_view(fop)):
-                    self.lowering = cand
+                fop = self.inplace_functional()
+                if fop is not None and _C.has_lowering(_qualname(fop)):
+                    self.lowering = _qualname(fop)
         elif _C.has_lowering(self.name):
             self.lowering = self.name
         self.all_args = self.args_schema
@@ -737,22 +730,21 @@ class _Handler:
         index ops take a source of self's dtype, and reductions without an
         identity refuse an empty reduced dim."""
         base = self.name.split("::")[1].split(".")[0]
-        if base in _NEEDS_NONEMPTY and args and isinstance(args[0], torch.Tensor) and args[0].numel() == 0:
-            _check_nonempty(base, self._values(args, kwargs, self.all_args), [a.name for a in self.args_schema])
-        if base in ("argmax", "argmin") and args and getattr(args[0], "dtype", None) == torch.bool:
+        vals = self._values(args, kwargs, self.all_args)
+        names = [a.name for a in self.args_schema]
+        dst = vals[0] if vals else None
+        if base in _NEEDS_NONEMPTY and isinstance(dst, torch.Tensor) and dst.numel() == 0:
+            _check_nonempty(base, vals, names)
+        if base in ("argmax", "argmin") and getattr(dst, "dtype", None) == torch.bool:
             raise RuntimeError(f"{base}(): does not support bool input")
-        if base == "multinomial" and self._values(args, kwargs, self.all_args)[1] <= 0:
+        if base == "multinomial" and vals[1] <= 0:
             raise RuntimeError("cannot sample n_sample <= 0 samples")
         same = _SAME_DTYPE.get(base.rstrip("_"))
-        if same is not None:
-            vals = self._values(args, kwargs, self.all_args)
-            names = [a.name for a in self.args_schema]
-            if same[0] in names:
-                dst, src = vals[0], vals[names.index(same[0])]
-                if isinstance(src, torch.Tensor) and isinstance(dst, torch.Tensor) and src.dtype != dst.dtype:
-                    raise RuntimeError(same[1].format(self=_LEGACY_TYPE.get(dst.dtype, dst.dtype),
-                                                      source=_LEGACY_TYPE.get(src.dtype, src.dtype)))
-        dst = args[0] if args else None
+        if same is not None and same[0] in names:
+            src = vals[names.index(same[0])]
+            if isinstance(src, torch.Tensor) and isinstance(dst, torch.Tensor) and src.dtype != dst.dtype:
+                raise RuntimeError(same[1].format(self=_LEGACY_TYPE.get(dst.dtype, dst.dtype),
+                                                  source=_LEGACY_TYPE.get(src.dtype, src.dtype)))
         if not self.is_inplace or not isinstance(dst, torch.Tensor):
             return
         fop = self.inplace_functional()
@@ -767,7 +759,9 @@ class _Handler:
                                f"desired output type {_LEGACY_TYPE.get(dst.dtype, dst.dtype)}")
 
     def inplace_functional(self):
-        """The functional OpOverload of an in-place one (mul_.Tensor -> mul.Tensor)."""
+        """The functional OpOverload of an in-place one (mul_.Tensor ->
+        mul.Tensor).  None for views: transpose_ and friends change metadata,
+        not data, and never borrow a view op's rule."""
         if not hasattr(self, "_inplace_functional"):
             ns, rest = self.name.split("::")
             fname, _, ovl = rest.partition(".")

@@ -110,7 +110,6 @@ static const complex_refusal k_no_complex[] = {
     {"relu", TP_UNIMPLEMENTED, NULL, "clamp is not supported for complex types"},
     {"maximum", TP_INVALID_ARGUMENT, NULL, "maximum not implemented for complex tensors."},
     {"minimum", TP_INVALID_ARGUMENT, NULL, "minimum not implemented for complex tensors."},
-    {"nansum", TP_INVALID_ARGUMENT, NULL, "nansum on CPU does not support complex inputs"},
     MACRO("round", "round_vml_cpu"),
     MACRO("elu", "elu_cpu"),
     MACRO("leaky_relu", "leaky_relu_cpu"),
@@ -144,23 +143,21 @@ static const complex_refusal k_no_complex[] = {
 };
 #undef MACRO
 
-static int has_complex_tensor(tp_emit *e, const tp_node *n) {
+/* The dtype of the node's first complex tensor argument, or TP_DTYPE_INVALID. */
+static tp_dtype complex_arg(tp_emit *e, const tp_node *n) {
   for (int i = 0; i < n->nargs; i++) {
     const tp_arg *a = lw_arg(n, i);
-    if (a->kind == TP_ARG_TENSOR && tp_dtype_is_complex(em_type(e, a->v)->dt)) return 1;
+    if (a->kind == TP_ARG_TENSOR && tp_dtype_is_complex(em_type(e, a->v)->dt)) return em_type(e, a->v)->dt;
   }
-  return 0;
+  return TP_DTYPE_INVALID;
 }
 
 static tp_val refuse_complex(tp_emit *e, const tp_node *n) {
-  if (strncmp(n->op, "aten::", 6) || !has_complex_tensor(e, n)) return 0;
+  tp_dtype cd = complex_arg(e, n);
+  if (strncmp(n->op, "aten::", 6) || cd == TP_DTYPE_INVALID) return 0;
   const char *base = n->op + 6;
   size_t len = strcspn(base, ".");
   if (len > 1 && base[len - 1] == '_' && base[0] != '_') len--; /* in-place forms */
-  tp_dtype cd = TP_C64;
-  for (int i = 0; i < n->nargs; i++)
-    if (lw_arg(n, i)->kind == TP_ARG_TENSOR && tp_dtype_is_complex(em_type(e, lw_arg(n, i)->v)->dt))
-      cd = em_type(e, lw_arg(n, i)->v)->dt;
   const char *mode = !strncmp(base, "div", len) && len == 3 ? lw_str(n, 2, NULL) : NULL;
   if (mode) /* div with rounding_mode */
     return em_fail(e, TP_UNIMPLEMENTED, "\"div_%s_cpu\" not implemented for '%s'", mode, tp_scalar_type_name(cd));

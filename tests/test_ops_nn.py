@@ -668,6 +668,81 @@ def test_upsample_1d_3d_nonfinite():
     check(lambda x: F.interpolate(x, scale_factor=2, mode="nearest"), x)
 
 
+# F.interpolate(scale_factor=s) hands s to the kernels, and a dim whose size
+# it keeps (floor(3 * 1.3) == 3) or doubles (floor(3 * 2.1) == 6) is where
+# PyTorch's CPU kernels disagree with each other: linear ones copy a kept dim,
+# bicubic and the generic nearest forward resample it with 1/s, nearest's
+# backward (and 2-d forward with out_h + out_w <= 128) copy/halve it, the
+# antialiased backward resamples it.  (shape, interpolate kwargs) per dims.
+KEPT_SIZE_CASES = {
+    1: [((2, 3, 3), dict(scale_factor=1.3)), ((2, 3, 3), dict(scale_factor=2.1)),
+        ((2, 3, 5), dict(scale_factor=0.7)), ((2, 3, 4), dict(scale_factor=1.3, recompute_scale_factor=True))],
+    2: [((1, 2, 3, 5), dict(scale_factor=1.3)), ((1, 2, 3, 3), dict(scale_factor=1.3)),  # both dims kept
+        ((1, 2, 3, 4), dict(scale_factor=(2.1, 1.1))),
+        ((1, 2, 4, 3), dict(scale_factor=(0.6, 1.3))),
+        ((1, 2, 3, 70), dict(scale_factor=(1.3, 2.1))),  # out_h + out_w > 128: the generic nearest kernel
+        ((1, 2, 3, 4), dict(size=(3, 7)))],
+    3: [((1, 2, 3, 5, 2), dict(scale_factor=1.3)), ((1, 2, 2, 3, 4), dict(scale_factor=(2.1, 1.3, 0.6)))],
+}
+KEPT_SIZE_MODES = {1: ["nearest", "nearest-exact", "linear"],
+                   2: ["nearest", "nearest-exact", "bilinear", "bicubic", "bilinear-aa", "bicubic-aa"],
+                   3: ["nearest", "nearest-exact", "trilinear"]}
+
+
+@pytest.mark.parametrize("dtype", [F32, torch.float64])
+@pytest.mark.parametrize("dims,mode", [(d, m) for d, ms in KEPT_SIZE_MODES.items() for m in ms])
+def test_interpolate_kept_size_with_scale_factor(dims, mode, dtype):
+    """Dims that keep (or double) their size under a scale_factor: indices
+    and weights as PyTorch's CPU kernels compute them, forward and backward,
+    align_corners either way."""
+    aa = mode.endswith("-aa")
+    mode = mode.removesuffix("-aa")
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == F32 else dict(rtol=1e-10, atol=1e-10)
+    for xs, kw in KEPT_SIZE_CASES[dims]:
+        if aa and xs[-1] > 64:
+            continue  # far from 0 the aa weights, computed in double here (float on the CPU), differ by 2e-5
+        for ac in ([None] if mode.startswith("nearest") else [False, True]):
+            kw = dict(kw, mode=mode, align_corners=ac, antialias=aa)
+            check(lambda x: F.interpolate(x, **kw), rnd(*xs, dtype=dtype), grad=True, **tol)
+
+
+@pytest.mark.parametrize("mode", ["nearest", "nearest-exact", "linear", "bicubic"])
+def test_interpolate_kept_size_compiled(mode):
+    """The same in torch.compile graphs, where tracing would otherwise run
+    PyTorch's Python decompositions of the upsampling ops (indices of their
+    own); forward and backward lower to one program each."""
+    from util import all_graphs_lowered
+
+    cases = {"linear": [1, 2, 3], "bicubic": [2]}.get(mode, [1, 2, 3])
+    for dims in cases:
+        for xs, kw in KEPT_SIZE_CASES[dims]:
+            for ac in ([None] if mode.startswith("nearest") else [False, True]):
+                m = mode if mode != "linear" else ("linear", "bilinear", "trilinear")[dims - 1]
+                kw = dict(kw, mode=m, align_corners=ac)
+                torch._dynamo.reset()
+                x = rnd(*xs)
+                xt = x.detach().to("tpu").requires_grad_()
+                want = F.interpolate(x, **kw)
+                with all_graphs_lowered():
+                    got = torch.compile(lambda a: F.interpolate(a, **kw), backend="tpu")(xt)
+                    g = torch.randn(want.shape, generator=torch.Generator().manual_seed(1))
+                    want.backward(g)
+                    got.backward(g.to("tpu"))
+                assert_close(got, want, 1e-5, 1e-5, msg=f"{xs} {kw}")
+                assert_close(xt.grad, x.grad, 1e-5, 1e-5, msg=f"grad {xs} {kw}")
+
+
+def test_interpolate_kept_size_values():
+    """The CPU's numbers for the kept dims, spelled out."""
+    x = torch.arange(3.0).reshape(1, 1, 3)
+    for mode, want in [("nearest", [0, 0, 1]), ("linear", [0, 1, 2]), ("nearest-exact", [0, 1, 1])]:
+        got = F.interpolate(x.to("tpu"), scale_factor=1.3, mode=mode).cpu().flatten()
+        torch.testing.assert_close(got, torch.tensor(want, dtype=torch.float32), rtol=0, atol=0)
+    x2 = torch.arange(15.0).reshape(1, 1, 3, 5)
+    got = F.interpolate(x2.to("tpu"), scale_factor=1.3, mode="bilinear").cpu()
+    torch.testing.assert_close(got[0, 0, :, 0], torch.tensor([0.0, 5.0, 10.0]), rtol=0, atol=1e-6)
+
+
 # ---------------------------------------------------------------------------
 # group norm
 

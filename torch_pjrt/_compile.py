@@ -722,7 +722,7 @@ def _decompositions():
     for op in (A.norm.Scalar, A.norm.ScalarOpt_dim, A.norm.ScalarOpt_dtype, A.norm.ScalarOpt_dim_dtype,
                A.elu.default, A.bucketize.Tensor, A.bucketize.Scalar, A.dist.default, A.ldexp.Tensor,
                A.triu_indices.default, A.tril_indices.default, A.narrow_copy.default, A.unfold.default,
-               A.addmm.dtype, A.rrelu_with_noise_backward.default):
+               A.addmm.dtype, A.rrelu_with_noise_backward.default, A.upsample_bicubic2d.default):
         table[op] = decomposition_table[op]
     table[A.logcumsumexp.default] = A._logcumsumexp.default
     table[A.copysign.Tensor] = table[A.copysign.Scalar] = _copysign
@@ -823,6 +823,80 @@ class _Specialize:
         return _aot(gm, [args[i] for i in keep], **self.kwargs), keep
 
 
+# F.interpolate's upsampling ops have Python decompositions that tracing runs
+# (py_impl kernels for Autograd and CompositeImplicitAutograd, which the Python
+# dispatcher prefers to our rules).  Their indices are not the CPU kernels'
+# where a scale_factor keeps or doubles a dim (the CPU copies a kept dim for
+# linear modes and in nearest's backward, resamples it in nearest's forward).
+# For tpu tensors, AutogradPrivateUse1 kernels that only tracing sees send the
+# .vec forms to the op itself and keep it whole, with its own backward op, so
+# graphs run the rules eager mode runs (csrc/core/lower_nn.c).  Bicubic's
+# default form has its kernel in _composite.AUTOGRAD.
+_UPSAMPLE = ("upsample_nearest1d", "upsample_nearest2d", "upsample_nearest3d", "_upsample_nearest_exact1d",
+             "_upsample_nearest_exact2d", "_upsample_nearest_exact3d", "upsample_linear1d", "upsample_bilinear2d",
+             "upsample_trilinear3d")
+
+
+class _Upsample(torch.autograd.Function):
+    """One upsampling op, differentiated with its backward op."""
+
+    @staticmethod
+    def forward(ctx, name, x, output_size, *rest):
+        ctx.name, ctx.args, ctx.input_size = name, (output_size, *rest), list(x.shape)
+        with torch._C._AutoDispatchBelowAutograd():
+            return getattr(torch.ops.aten, name).default(x, output_size, *rest)
+
+    @staticmethod
+    def backward(ctx, g):
+        output_size, *rest = ctx.args
+        gx = getattr(torch.ops.aten, ctx.name + "_backward").default(g, output_size, ctx.input_size, *rest)
+        return (None, gx) + (None,) * len(ctx.args)
+
+    @staticmethod
+    def jvp(ctx, _, x_t, *__):
+        return getattr(torch.ops.aten, ctx.name).default(x_t, *ctx.args)
+
+
+def _upsample_whole(name):
+    def kernel(x, output_size, *rest):
+        return _Upsample.apply(name, x, list(output_size), *rest)
+
+    return kernel
+
+
+def _upsample_vec(name):
+    """name.vec(input, output_size?, [align_corners,] scale_factors?): sizes
+    and scales as ATen's composite computes them, then the op itself."""
+    def kernel(x, output_size, *rest):
+        from torch._decomp.decompositions import upsample_compute_output_size
+
+        *lead, scale_factors = rest
+        osize = upsample_compute_output_size(x.size(), output_size, scale_factors)
+        scales = list(scale_factors) if scale_factors else [None] * len(osize)
+        return getattr(torch.ops.aten, name).default(x, list(osize), *lead, *scales)
+
+    return kernel
+
+
+_upsampling_kept = False
+
+
+def _keep_upsampling_whole():
+    global _upsampling_kept
+    if _upsampling_kept:
+        return
+    _upsampling_kept = True
+    key = torch._C.DispatchKey.AutogradPrivateUse1
+    for name in _UPSAMPLE + ("upsample_bicubic2d",):
+        packet = getattr(torch.ops.aten, name)
+        kernels = [(packet.vec, _upsample_vec(name))]
+        if name in _UPSAMPLE:
+            kernels.append((packet.default, _upsample_whole(name)))
+        for op, fn in kernels:
+            if key not in op.py_kernels:
+                op.py_impl(key)(fn)
+
+
 _skipping = False
 
 
@@ -850,6 +924,7 @@ def _skip_kernel_frames():
 def tpu_backend(gm, example_inputs, **kwargs):
     """The Dynamo backend registered as "tpu"."""
     _skip_kernel_frames()
+    _keep_upsampling_whole()
     name, first = _frame_name(gm)
     if first:
         with _lock:

@@ -534,6 +534,10 @@ def _grid_sampler_2d_backward(grad_output, input, grid, interpolation_mode, padd
 
 def _upsample_bicubic2d_backward(grad_output, output_size, input_size, align_corners, scales_h=None,
                                  scales_w=None):
+    # The CPU's kernel copies grad_output when the output has the input's
+    # spatial size, even where a given scale made the forward resample.
+    if list(input_size[2:]) == list(output_size):
+        return grad_output.clone()
     # The forward is linear in its input: the VJP at zeros is the backward.
     from torch._decomp import decomposition_table
 
@@ -755,6 +759,35 @@ def _torch_decomposition(name):
     return get
 
 
+class _BicubicSameSize(torch.autograd.Function):
+    """upsample_bicubic2d whose output has the input's spatial size: the
+    forward resamples (with a given scale_factor it is no copy) but the CPU's
+    backward kernel copies grad_output; forward AD applies the forward."""
+
+    @staticmethod
+    def forward(ctx, x, output_size, align_corners, scales_h, scales_w):
+        ctx.args = (output_size, align_corners, scales_h, scales_w)
+        with torch._C._AutoDispatchBelowAutograd():
+            return torch.ops.aten.upsample_bicubic2d.default(x, *ctx.args)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g, None, None, None, None
+
+    @staticmethod
+    def jvp(ctx, x_t, *_):
+        return torch.ops.aten.upsample_bicubic2d.default(x_t, *ctx.args)
+
+
+_bicubic_forward = _differentiable_forward("upsample_bicubic2d", _torch_decomposition("upsample_bicubic2d"))
+
+
+def _upsample_bicubic2d(input, output_size, align_corners, scales_h=None, scales_w=None):
+    if _may_differentiate(input) and input.dim() == 4 and list(input.shape[2:]) == list(output_size):
+        return _BicubicSameSize.apply(input, output_size, align_corners, scales_h, scales_w)
+    return _bicubic_forward(input, output_size, align_corners, scales_h, scales_w)
+
+
 class _ComplexAngle(torch.autograd.Function):
     """angle(z) of a complex z with PyTorch's gradient, grad * 1j * z / |z|^2
     (0 where z == 0), formed from real parts: tpu ops take no complex scalar
@@ -791,5 +824,5 @@ AUTOGRAD = {
     "linalg_householder_product": _householder_product,
     "grid_sampler_2d": _grid_sampler("grid_sampler_2d", _torch_decomposition("grid_sampler_2d")),
     "grid_sampler_3d": _grid_sampler("grid_sampler_3d", lambda: _grid_sampler_3d),
-    "upsample_bicubic2d": _differentiable_forward("upsample_bicubic2d", _torch_decomposition("upsample_bicubic2d")),
+    "upsample_bicubic2d": _upsample_bicubic2d,
 }

@@ -1673,26 +1673,61 @@ static void r_adaptive_max_pool3d(tp_emit *e, const tp_node *n, tp_val *o) { ada
 
 /* ---- upsampling ------------------------------------------------------------------------------ */
 
-/* PyTorch's compute_scales_value: 1/scale if given (> 0), else in/out (float). */
-static float up_scale_f(const tp_node *n, int si, int64_t in, int64_t out) {
+/* PyTorch's compute_scales_value: 1/scale if given (> 0), else in/out, in
+ * float, or in double for float64 inputs (the kernels' opmath type). */
+static double up_scale(const tp_node *n, int si, int64_t in, int64_t out, int dbl) {
   if (!lw_is_none(n, si)) {
     double sc = lw_float(n, si, 0);
-    if (sc > 0) return (float)(1.0 / sc);
+    if (sc > 0) return dbl ? 1.0 / sc : (double)(float)(1.0 / sc);
   }
-  return (float)in / (float)out;
+  return dbl ? (double)in / (double)out : (double)((float)in / (float)out);
 }
 
-/* Source indices of nearest (exact=0) / nearest-exact (exact=1) upsampling. */
-static void nearest_src(const tp_node *n, int si, int64_t in, int64_t out, int exact, int64_t *src) {
-  float scale = up_scale_f(n, si, in, out);
+/* Source indices of nearest (exact=0) / nearest-exact (exact=1) sampling
+ * along one dim, as PyTorch's CPU kernels pick them (UpSample.h,
+ * cpu/UpSampleKernel.cpp).  Two rules, by kernel:
+ *  - legacy: nearest_idx / nearest_exact_idx, used by the backward kernels
+ *    and the channels-last forward kernel (which 2-d inputs also take when
+ *    out_h + out_w <= 128): nearest copies when out == in and halves when
+ *    out == 2 * in, whatever the given scale; float math.
+ *  - otherwise HelperInterpNearest(Exact), the generic forward kernel: always
+ *    samples with the scale (1/scale_factor when given), in the opmath type
+ *    (double for float64: dbl), then floorf.
+ * The casts copy each kernel's float/double rounding, and fma(f) its
+ * scale * (j + 0.5) - 0.5: PyTorch's AVX2/AVX-512 kernels are built with FMA
+ * and the compiler contracts it into one fused multiply-add (C11 does not
+ * contract, so the other roundings stay the kernels'). */
+static void nearest_src(const tp_node *n, int si, int64_t in, int64_t out, int exact, int legacy, int dbl,
+                        int64_t *src) {
+  double sd = up_scale(n, si, in, out, dbl && !legacy);
+  float sf = (float)sd;
   for (int64_t j = 0; j < out; j++) {
     int64_t v;
-    if (!exact && out == in) v = j;
-    else if (!exact && out == 2 * in) v = j >> 1;
-    else if (!exact) v = (int64_t)floorf((float)j * scale);
-    else v = (int64_t)floorf(((float)j + 0.5f) * scale);
+    if (legacy && !exact) {
+      if (out == in) v = j;
+      else if (out == 2 * in) v = j >> 1;
+      else v = (int64_t)floorf((float)j * sf);
+    } else if (legacy) {
+      v = (int64_t)floorf((float)(((double)j + 0.5) * (double)sf));
+    } else if (dbl) {
+      double r = exact ? fma(sd, (double)j + 0.5, -0.5) : sd * (double)j;
+      if (r < 0) r = 0;
+      v = (int64_t)floorf((float)(exact ? r + 0.5 : r));
+    } else {
+      float r = exact ? fmaf(sf, (float)j + 0.5f, -0.5f) : sf * (float)j;
+      if (r < 0) r = 0;
+      v = (int64_t)floorf(exact ? (float)((double)r + 0.5) : r);
+    }
     src[j] = v < in - 1 ? v : in - 1;
   }
+}
+
+/* Whether src (out entries) is 0, 1, ..., in - 1: the dim is left as is. */
+static int src_identity(const int64_t *src, int64_t in, int64_t out) {
+  if (in != out) return 0;
+  for (int64_t j = 0; j < out; j++)
+    if (src[j] != j) return 0;
+  return 1;
 }
 
 /* upsample_nearestNd(self, output_size, scales...) */
@@ -1704,16 +1739,19 @@ static void upsample_nearest(tp_emit *e, const tp_node *n, tp_val *o, int nsp, i
     o[0] = em_fail(e, TP_INVALID_ARGUMENT, "%s: bad input rank %d", n->op, t.rank);
     return;
   }
+  /* The CPU's 2-d forward takes its channels-last kernel (the legacy
+   * indices) for small outputs, whatever the layout; its 1-d and 3-d ones
+   * (contiguous inputs) the generic kernel. */
+  int legacy = nsp == 2 && n->outs[0].dims[L] + n->outs[0].dims[L + 1] <= 128;
   for (int i = 0; i < nsp; i++) {
     int64_t in = t.dims[L + i], out = n->outs[0].dims[L + i];
-    if (in == out && !exact) continue;
     int64_t *src = malloc(sizeof(int64_t) * (size_t)(out + 1));
     if (!src) {
       o[0] = em_fail(e, TP_RESOURCE_EXHAUSTED, "out of memory building a program");
       return;
     }
-    nearest_src(n, 2 + i, in, out, exact, src);
-    x = in > 0 ? gather_dim(e, x, L + i, src, out) : x;
+    nearest_src(n, 2 + i, in, out, exact, legacy, t.dt == TP_F64, src);
+    if (in > 0 && !src_identity(src, in, out)) x = gather_dim(e, x, L + i, src, out);
     free(src);
   }
   o[0] = em_convert(e, x, n->outs[0].dt);
@@ -1725,7 +1763,8 @@ static void r_upsample_nearest_exact1d(tp_emit *e, const tp_node *n, tp_val *o) 
 static void r_upsample_nearest_exact2d(tp_emit *e, const tp_node *n, tp_val *o) { upsample_nearest(e, n, o, 2, 1); }
 static void r_upsample_nearest_exact3d(tp_emit *e, const tp_node *n, tp_val *o) { upsample_nearest(e, n, o, 3, 1); }
 
-/* upsample_nearestNd_backward(grad_output, output_size, input_size, scales...) */
+/* upsample_nearestNd_backward(grad_output, output_size, input_size, scales...):
+ * the CPU's backward kernels use the legacy indices (nearest_src). */
 static void upsample_nearest_backward(tp_emit *e, const tp_node *n, tp_val *o, int nsp, int exact) {
   tp_dtype ct = lw_opmath(n->outs[0].dt);
   tp_val g = lw_tensor(e, n, 0, ct);
@@ -1737,14 +1776,13 @@ static void upsample_nearest_backward(tp_emit *e, const tp_node *n, tp_val *o, i
   }
   for (int i = 0; i < nsp; i++) {
     int64_t in = n->outs[0].dims[L + i], out = t.dims[L + i];
-    if (in == out && !exact) continue;
     int64_t *src = malloc(sizeof(int64_t) * (size_t)(out + 1));
     if (!src) {
       o[0] = em_fail(e, TP_RESOURCE_EXHAUSTED, "out of memory building a program");
       return;
     }
-    nearest_src(n, 3 + i, in, out, exact, src);
-    g = scatter_add_dim(e, g, L + i, src, in);
+    nearest_src(n, 3 + i, in, out, exact, 1, 0, src);
+    if (!src_identity(src, in, out)) g = scatter_add_dim(e, g, L + i, src, in);
     free(src);
   }
   o[0] = em_convert(e, g, n->outs[0].dt);
@@ -1762,34 +1800,42 @@ static void r_upsample_nearest_exact3d_bw(tp_emit *e, const tp_node *n, tp_val *
   upsample_nearest_backward(e, n, o, 3, 1);
 }
 
-/* Linear interpolation along one dim: indices i0, i1 and weights l0, l1 (PyTorch's CPU rule). */
-static void linear_src(const tp_node *n, int si, int align, int64_t in, int64_t out, int64_t *i0, int64_t *i1,
-                       double *l0, double *l1, int dbl) {
+/* Linear interpolation along one dim: indices i0, i1 and weights l0, l1, as
+ * the CPU's compute_source_index_and_lambda (UpSample.h) makes them: a dim
+ * that keeps its size is copied (even when a scale_factor says otherwise);
+ * else area_pixel_compute_scale/_source_index (fused, see nearest_src) and
+ * guard_index_and_lambda, in float, or double for float64 (dbl).  Returns 1
+ * for a copied dim. */
+static int linear_src(const tp_node *n, int si, int align, int64_t in, int64_t out, int64_t *i0, int64_t *i1,
+                      double *l0, double *l1, int dbl) {
+  if (in == out) return 1;
   double scale;
-  if (align) scale = out > 1 ? (double)(in - 1) / (double)(out - 1) : 0.0;
-  else if (!lw_is_none(n, si) && lw_float(n, si, 0) > 0) scale = 1.0 / lw_float(n, si, 0);
-  else scale = (double)in / (double)out;
-  if (!dbl) scale = (float)scale;
+  if (align) scale = out <= 1 ? 0.0 : dbl ? (double)(in - 1) / (double)(out - 1)
+                                          : (double)((float)(in - 1) / (float)(out - 1));
+  else scale = up_scale(n, si, in, out, dbl);
   for (int64_t j = 0; j < out; j++) {
-    double src;
+    double src, lam;
+    int64_t a;
     if (dbl) {
-      src = align ? scale * (double)j : scale * ((double)j + 0.5) - 0.5;
+      src = align ? scale * (double)j : fma(scale, (double)j + 0.5, -0.5);
       if (!align && src < 0) src = 0;
+      a = (int64_t)floorf((float)src); /* floorf, as guard_index_and_lambda */
+      if (a > in - 1) a = in - 1;
+      lam = src - (double)a;
     } else {
-      float sf = (float)scale, s2 = align ? sf * (float)j : sf * ((float)j + 0.5f) - 0.5f;
+      float sf = (float)scale, s2 = align ? sf * (float)j : fmaf(sf, (float)j + 0.5f, -0.5f);
       if (!align && s2 < 0) s2 = 0;
-      src = s2;
+      a = (int64_t)floorf(s2);
+      if (a > in - 1) a = in - 1;
+      lam = s2 - (float)a;
     }
-    int64_t a = (int64_t)floor(src);
-    if (a > in - 1) a = in - 1;
-    double lam = src - (double)a;
-    if (!dbl) lam = (float)((float)src - (float)a);
     lam = lam < 0 ? 0 : lam > 1 ? 1 : lam;
     i0[j] = a;
     i1[j] = a + (a < in - 1 ? 1 : 0);
     l1[j] = lam;
     l0[j] = dbl ? 1.0 - lam : (double)(1.0f - (float)lam);
   }
+  return 0;
 }
 
 /* upsample_linear1d / upsample_bilinear2d / upsample_trilinear3d
@@ -1820,12 +1866,13 @@ static void upsample_linear(tp_emit *e, const tp_node *n, tp_val *o, int nsp) {
       o[0] = em_fail(e, TP_RESOURCE_EXHAUSTED, "out of memory building a program");
       return;
     }
-    linear_src(n, 3 + i, align, in, out, i0, i1, l0, l1, ct == TP_F64);
-    tp_val a = gather_dim(e, x, d, i0, out), b = gather_dim(e, x, d, i1, out);
-    tp_type at = *em_type(e, a);
-    int64_t dd = d;
-    tp_val w0 = bcast(e, const_f(e, l0, out, ct), &at, &dd), w1 = bcast(e, const_f(e, l1, out, ct), &at, &dd);
-    x = add(e, mul(e, a, w0), mul(e, b, w1));
+    if (!linear_src(n, 3 + i, align, in, out, i0, i1, l0, l1, ct == TP_F64)) {
+      tp_val a = gather_dim(e, x, d, i0, out), b = gather_dim(e, x, d, i1, out);
+      tp_type at = *em_type(e, a);
+      int64_t dd = d;
+      tp_val w0 = bcast(e, const_f(e, l0, out, ct), &at, &dd), w1 = bcast(e, const_f(e, l1, out, ct), &at, &dd);
+      x = add(e, mul(e, a, w0), mul(e, b, w1));
+    }
     free(i0);
     free(l0);
   }
@@ -1862,11 +1909,12 @@ static void upsample_linear_backward(tp_emit *e, const tp_node *n, tp_val *o, in
       o[0] = em_fail(e, TP_RESOURCE_EXHAUSTED, "out of memory building a program");
       return;
     }
-    linear_src(n, 4 + i, align, in, out, i0, i1, l0, l1, ct == TP_F64);
-    tp_type gt = *em_type(e, g);
-    int64_t dd = d;
-    tp_val w0 = bcast(e, const_f(e, l0, out, ct), &gt, &dd), w1 = bcast(e, const_f(e, l1, out, ct), &gt, &dd);
-    g = add(e, scatter_add_dim(e, mul(e, g, w0), d, i0, in), scatter_add_dim(e, mul(e, g, w1), d, i1, in));
+    if (!linear_src(n, 4 + i, align, in, out, i0, i1, l0, l1, ct == TP_F64)) {
+      tp_type gt = *em_type(e, g);
+      int64_t dd = d;
+      tp_val w0 = bcast(e, const_f(e, l0, out, ct), &gt, &dd), w1 = bcast(e, const_f(e, l1, out, ct), &gt, &dd);
+      g = add(e, scatter_add_dim(e, mul(e, g, w0), d, i0, in), scatter_add_dim(e, mul(e, g, w1), d, i1, in));
+    }
     free(i0);
     free(l0);
   }
@@ -1991,7 +2039,9 @@ static void upsample_aa(tp_emit *e, const tp_node *n, tp_val *o, int cubic, int 
     int i = backward ? q : 1 - q, d = 2 + i;
     /* sizes of the forward's input and output along d */
     int64_t in = backward ? n->outs[0].dims[d] : t.dims[d], out = backward ? t.dims[d] : n->outs[0].dims[d];
-    if (in == out && !align) continue;
+    /* the CPU's separable forward leaves a dim that keeps its size as is; its
+     * backward kernel resamples every dim (with a given scale, no copy) */
+    if (in == out && !backward) continue;
     if (in == 0 || out == 0) {
       tp_type zt = *em_type(e, x);
       zt.dims[d] = backward ? in : out;

@@ -20,7 +20,7 @@ import torch
 from torch._prims import rng_prims as _rng_prims
 
 from . import _C, _composite
-from ._dispatch import _NUMBER_TYPES, _qualname
+from ._dispatch import _NUMBER_TYPES, _is_view, _qualname
 from ._dtypes import CODE
 
 # Recompilation tracking ----------------------------------------------------
@@ -167,10 +167,74 @@ def _cpu_nodes(graph, ph_vals):
     return host
 
 
+_AS_STRIDED = (torch.ops.aten.as_strided.default, torch.ops.aten.as_strided_copy.default)
+
+
+def _ints(v):
+    if not isinstance(v, (list, tuple)) or not all(isinstance(x, int) for x in v):
+        raise Unsupported("as_strided with symbolic sizes")
+    return [int(x) for x in v]
+
+
+def _as_strided_args(n):
+    """as_strided(self, size, stride, storage_offset=None) of node n:
+    (size, stride, offset or None, span): span is how many storage elements
+    from the first one read it covers (0 for an empty result)."""
+    args = list(n.args) + [None] * (4 - len(n.args))
+    size = _ints(args[1] if args[1] is not None else n.kwargs.get("size"))
+    stride = _ints(args[2] if args[2] is not None else n.kwargs.get("stride"))
+    off = args[3] if args[3] is not None else n.kwargs.get("storage_offset")
+    if off is not None and not isinstance(off, int):
+        raise Unsupported("as_strided with a symbolic storage offset")
+    if len(size) != len(stride) or any(st < 0 for st in stride):
+        raise Unsupported("as_strided with negative or mismatched strides")
+    span = 0 if any(sz == 0 for sz in size) else 1 + sum((sz - 1) * st for sz, st in zip(size, stride))
+    return size, stride, off, span
+
+
+def _view_root(x):
+    """The node whose storage x views: up x's chain of view ops (a getitem of
+    split/unbind/chunk included) to a graph input or a computed value."""
+    dt = x.meta["val"].dtype
+    cur = x
+    while cur.op == "call_function":
+        src = cur.args[0] if cur.target is operator.getitem else cur
+        if not (isinstance(src, torch.fx.Node) and src.op == "call_function"
+                and isinstance(src.target, torch._ops.OpOverload) and _is_view(src.target)):
+            break
+        nxt = src.args[0]
+        val = nxt.meta.get("val") if isinstance(nxt, torch.fx.Node) else None
+        if not isinstance(val, torch.Tensor):
+            raise Unsupported(f"as_strided of a view of {src.target}")
+        if val.dtype != dt:  # view_as_real, view(dtype): storage counted in other units
+            raise Unsupported("as_strided of a view that changes the dtype")
+        cur = nxt
+    return cur
+
+
+def _memory_order(val):
+    """The dims of val from the largest stride to the smallest, if val's
+    elements fill the start of its storage (dense, no overlaps, offset 0):
+    then its storage's first numel elements are val permuted so and
+    flattened.  Else None."""
+    if val.storage_offset() != 0:
+        return None
+    order = sorted(range(val.dim()), key=lambda d: -val.stride(d))
+    expect = 1
+    for d in reversed(order):
+        if val.shape[d] == 1:
+            continue
+        if val.stride(d) != expect:
+            return None
+        expect *= val.shape[d]
+    return order
+
+
 class GraphProgram:
     """One FX graph of ATen ops, lowered to one program.  The program's
     parameters are, in order: the inputs that device nodes read, the graph's
-    device constants, and the host-computed values that device nodes read."""
+    device constants, the host-computed values that device nodes read, and
+    the storage windows that as_strided nodes read (_windows)."""
 
     def __init__(self, gm, example_inputs):
         self.gm = gm
@@ -251,6 +315,14 @@ class GraphProgram:
             packs.append((len(types), items))
             types.append((CODE[dt], (sum(math.prod(ty[1]) for _, _, ty in items),)))
             self.params.append(("pack", [src for _, src, _ in items], all(not ty[1] for _, _, ty in items)))
+        self.windows = {}  # as_strided node on a graph input's storage -> its window's value id
+        for n in graph.nodes:
+            if n.op == "call_function" and n not in host and n.target in _AS_STRIDED:
+                w = self._window(n)
+                if w is not None:
+                    self.windows[n] = len(types)
+                    types.append(_type(w[1]))
+                    self.params.append(w[0])
         self.gid = _C.graph_new(types)
         for pid, items in packs:
             off = 0
@@ -341,7 +413,104 @@ class GraphProgram:
         if _qualname(n.target).startswith("aten::_foreach_"):
             values[n] = self._add_foreach(n, values)
             return
+        if n.target in _AS_STRIDED:
+            values[n] = self._as_strided(n, values)
+            return
+        if n.target is torch.ops.aten.as_strided_scatter.default:
+            values[n] = self._as_strided_scatter(n, values)
+            return
         values[n] = self._add_op(n.target, n.args, n.kwargs, n.meta.get("val"), values)
+
+    def _window(self, n):
+        """as_strided reads its input's storage, not its elements in order
+        (x.unfold compiles to it as well): of a graph input (or a view of one
+        made in the graph) it can read elements outside the input's view.
+        The program then gets a window of the input's storage, from the first
+        element read (absolute, or relative to the input's offset when the
+        node gives none: Dynamo does not guard storage offsets) over `span`
+        elements: a view of the same storage, so nothing more is uploaded.
+        Returns (param source, meta value), or None where no window is needed."""
+        x = n.args[0]
+        size, stride, off, span = _as_strided_args(n)
+        root = _view_root(x)
+        if root.op != "placeholder" or span == 0:
+            return
+        i = self.ph_index[root]
+        if i in self.snapshot:
+            raise Unsupported("as_strided of an input the host part overwrites")
+        # ("win", input, start, relative, span); relative: start counts from the input's offset
+        rel = off is None
+        start = x.meta["val"].storage_offset() - root.meta["val"].storage_offset() if rel else off
+        return ("win", i, start, rel, span), torch.empty((span,), dtype=x.meta["val"].dtype, device="meta")
+
+    def _as_strided(self, n, values):
+        """as_strided on the storage, as a flat value (r_as_strided indexes
+        its input in row-major order): a window of a graph input's storage,
+        or a value computed in the graph laid out in memory order."""
+        x = n.args[0]
+        size, stride, off, span = _as_strided_args(n)
+        out = n.meta.get("val")
+        if n in self.windows:
+            return _C.graph_add(self.gid, "aten::as_strided", (("V", self.windows[n]), size, stride, 0),
+                                [_type(out)])
+        if span == 0:
+            return self._add_op(n.target, n.args, n.kwargs, out, values)
+        root = _view_root(x)
+        rval = getattr(self.gm, root.target) if root.op == "get_attr" else root.meta.get("val")
+        if not isinstance(rval, torch.Tensor) or not isinstance(values.get(root), int):
+            raise Unsupported(f"as_strided of a view of {root.name}")
+        order = _memory_order(rval)
+        if order is None:
+            raise Unsupported("as_strided of a view of a tensor that does not fill its storage")
+        start = off if off is not None else x.meta["val"].storage_offset()
+        numel = rval.numel()
+        if start < 0 or start + span > numel:
+            raise Unsupported("as_strided out of its storage's bounds")
+        code, vid = CODE[rval.dtype], values[root]
+        if order != sorted(order):
+            vid = _C.graph_add(self.gid, "aten::permute", (("V", vid), order),
+                               [(code, tuple(rval.shape[d] for d in order))])
+        vid = _C.graph_add(self.gid, "aten::view", (("V", vid), [numel]), [(code, (numel,))])
+        return _C.graph_add(self.gid, "aten::as_strided", (("V", vid), size, stride, start), [_type(out)])
+
+    def _as_strided_scatter(self, n, values):
+        """as_strided_scatter(self, src, ...) copies self's whole storage
+        (clone_preserve_strides), writes src through its as_strided(...) and
+        returns the copy viewed as self: positions count in self's storage.
+        Lowered where self fills the start of its storage and the positions
+        lie in self, which then holds them in memory order; r_as_strided_scatter
+        counts positions row-major, so a self in another order is handed to it
+        flattened in memory order and permuted back.  Elsewhere the fake
+        tensors' layout of the result (a fresh clone) is not the CPU kernel's,
+        and the graph runs eagerly."""
+        x = n.args[0]
+        sval = x.meta.get("val") if isinstance(x, torch.fx.Node) else None
+        out = n.meta.get("val")
+        order = _memory_order(sval) if isinstance(sval, torch.Tensor) else None
+        if order is None or not isinstance(out, torch.Tensor) or out.stride() != sval.stride():
+            raise Unsupported("as_strided_scatter into a tensor that does not fill its storage")
+        args = list(n.args) + [None] * (5 - len(n.args))
+        for i, name in ((2, "size"), (3, "stride"), (4, "storage_offset")):
+            if args[i] is None:
+                args[i] = n.kwargs.get(name)
+        size, stride, off = _ints(args[2]), _ints(args[3]), args[4] or 0
+        if not isinstance(off, int) or len(size) != len(stride) or any(st < 0 for st in stride):
+            raise Unsupported("as_strided_scatter with symbolic, negative or mismatched strides")
+        numel, last = out.numel(), off + sum((sz - 1) * st for sz, st in zip(size, stride))
+        if all(sz > 0 for sz in size) and (off < 0 or last >= numel):
+            raise Unsupported("as_strided_scatter past the end of its input")
+        if order == sorted(order):
+            return self._add_op(n.target, n.args, n.kwargs, out, values)
+        code = CODE[out.dtype]
+        x = self._arg(x, values, False)
+        rest = [self._arg(a, values, False) for a in args[1:]]
+        pshape = tuple(out.shape[d] for d in order)
+        inv = sorted(range(len(order)), key=lambda d: order[d])
+        vid = _C.graph_add(self.gid, "aten::permute", (x, order), [(code, pshape)])
+        vid = _C.graph_add(self.gid, "aten::view", (("V", vid), [numel]), [(code, (numel,))])
+        vid = _C.graph_add(self.gid, "aten::as_strided_scatter", (("V", vid), *rest), [(code, (numel,))])
+        vid = _C.graph_add(self.gid, "aten::view", (("V", vid), list(pshape)), [(code, pshape)])
+        return _C.graph_add(self.gid, "aten::permute", (("V", vid), inv), [_type(out)])
 
     def _add_op(self, op, args, kwargs, val, values, by_position=False, key=-1):
         """Add one op node; returns its value id (or a tuple of ids).
@@ -488,6 +657,10 @@ class GraphProgram:
         def value(src):  # an "in" or "const" source (host values come later)
             if src[0] == "in":  # run_graph checks that device inputs are on dev
                 return args[src[1]].clone() if src[1] in self.snapshot else args[src[1]]
+            if src[0] == "win":  # a window of an input's storage (as_strided)
+                _, i, start, rel, span = src
+                t = args[i]
+                return t.as_strided((span,), (1,), start + (t.storage_offset() if rel else 0))
             return src[1] if src[0] == "const" else None
 
         params = [[value(s) for s in src[1]] if src[0] == "pack" else value(src) for src in self.params]

@@ -1288,7 +1288,8 @@ static void r_select_scatter(tp_emit *e, const tp_node *n, tp_val *o) {
 }
 
 /* as_strided_scatter: positions refer to self's elements in row-major
- * (contiguous) order, as for a contiguous self. */
+ * (contiguous) order, as for a contiguous self (compiled mode hands it other
+ * layouts flattened in memory order: torch_pjrt/_compile.py). */
 static void r_as_strided_scatter(tp_emit *e, const tp_node *n, tp_val *o) {
   tp_val x = lw_value(e, n, 0);
   tp_type t = *em_type(e, x);

@@ -139,7 +139,9 @@ static void r_unbind(tp_emit *e, const tp_node *n, tp_val *o) {
 }
 
 /* as_strided(self, size, stride, storage_offset?) on a value: indices into
- * the flattened (contiguous) input. */
+ * the flattened (contiguous) input.  as_strided addresses self's storage,
+ * which is that only for a self filling it row-major: compiled mode hands
+ * this rule a storage as a flat value (torch_pjrt/_compile.py, _as_strided). */
 static void r_as_strided(tp_emit *e, const tp_node *n, tp_val *o) {
   const tp_type *t = in_type(e, n);
   const int64_t *strides;

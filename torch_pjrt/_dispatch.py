@@ -557,7 +557,7 @@ class _Handler:
         # stored values, so the handler resolves the bits first.  Not for ops
         # that read no values (empty_like, full_like: resolve_conj itself
         # calls empty_like) or apply the bits themselves (_copy_from).
-        base = self.name.split("::")[1].split(".")[0]
+        self.base = base = self.name.split("::")[1].split(".")[0]  # "mul" of aten::mul.Tensor
         self.resolves_bits = (self.lowering is not None and self.name not in _NOT_DIRECT and not _is_view(op)
                               and not base.startswith(("_copy_from", "empty")) and not base.endswith("_like")
                               and any(_fallthrough(self.name, k) for k in ("Conjugate", "Negative")))
@@ -729,7 +729,7 @@ class _Handler:
         in-place op's result must cast to self's dtype (int64.mul_(2.5)), the
         index ops take a source of self's dtype, and reductions without an
         identity refuse an empty reduced dim."""
-        base = self.name.split("::")[1].split(".")[0]
+        base = self.base
         vals = self._values(args, kwargs, self.all_args)
         names = [a.name for a in self.args_schema]
         dst = vals[0] if vals else None
@@ -1070,7 +1070,7 @@ def _fallback(op, *args, **kwargs):
             return _into_outs(h, args, kwargs, special(*call_args, **call_kwargs))
     if h.is_inplace:
         h._check_args(args, kwargs)
-    refusal = _NO_COMPLEX.get(name.split("::")[1].split(".")[0].rstrip("_"))
+    refusal = _NO_COMPLEX.get(h.base.rstrip("_"))
     if refusal is not None:
         z = next((t for t in list(args) + list(kwargs.values()) if isinstance(t, torch.Tensor) and t.is_complex()), None)
         if z is not None:

@@ -71,8 +71,12 @@ ctest: $(patsubst tests/c/test_%.c,$(BUILD)/ctest_%,$(CTEST_SRC))
 	  UBSAN_OPTIONS=print_stacktrace=1 TF_CPP_MIN_LOG_LEVEL=2 $$t; \
 	done
 
+# pytest-xdist: PYTEST_WORKERS processes share the tests (tests/conftest.py
+# gives each its own compilation cache).  PYTEST_WORKERS=0 runs them in this
+# process.
+PYTEST_WORKERS ?= 2
 pytest: build
-	TF_CPP_MIN_LOG_LEVEL=2 $(VPY) -m pytest -q tests
+	TF_CPP_MIN_LOG_LEVEL=2 $(VPY) -m pytest -q -n $(PYTEST_WORKERS) tests
 
 test: build ctest pytest
 

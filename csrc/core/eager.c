@@ -1613,6 +1613,7 @@ tp_status *tp_eager_synchronize(int device) {
   TP_RETURN_IF_ERROR(tp_storage_await_all(device));
   tp_plugin *p = tp_runtime_plugin();
   if (!p) return NULL;
+  tp_plugin_await_freed(p);
   tp_status *st = NULL;
   tp_storage_lock();
   for (int d = 0; d < g_nflag && !st; d++)

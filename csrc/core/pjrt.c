@@ -893,7 +893,13 @@ int tp_buffer_is_ready(tp_buffer *b) {
  * destroying everything queued.  A full queue (the host far ahead of the
  * device) makes the caller destroy the buffer itself, and so wait: that
  * bounds the memory held by freed buffers.  In a forked child the plugin's
- * threads do not exist, and the buffer is left to the parent. */
+ * threads do not exist, and the buffer is left to the parent.
+ *
+ * A buffer is destroyed only once its value is computed: the program that
+ * makes it may still run when its tensor is dropped (a result nobody keeps),
+ * and synchronize must wait for that program as torch.cuda.synchronize waits
+ * for all queued work, so tp_plugin_await_freed finishes the queue and the
+ * batch the thread is working on. */
 
 #define REAPER_MAX_PENDING 4096
 #define REAPER_BATCH_NS 2000000L           /* 2 ms */
@@ -903,15 +909,28 @@ struct reaper {
   pthread_mutex_t lock;
   pthread_cond_t wake;
   pthread_t thread;
+  pthread_cond_t idle; /* signalled when a batch is finished */
   tp_buffer *head, *tail;
   int pending;
   size_t pending_bytes;
+  bool busy; /* the thread is finishing a batch it took off the queue */
   bool stop;
 };
 
 static void destroy_buffer_now(tp_buffer *b) {
+  /* An error here is the producing program's; whoever kept its other
+   * results sees it, and this value is gone. */
+  if (b->buf) tp_status_free(tp_buffer_await(b));
   destroy_pjrt_buffer(b->p->api, b->buf);
   free(b);
+}
+
+static void destroy_list(tp_buffer *list) {
+  while (list) {
+    tp_buffer *next = list->next;
+    destroy_buffer_now(list);
+    list = next;
+  }
 }
 
 static void *reaper_main(void *arg) {
@@ -934,13 +953,12 @@ static void *reaper_main(void *arg) {
     r->head = r->tail = NULL;
     r->pending = 0;
     r->pending_bytes = 0;
+    r->busy = true;
     pthread_mutex_unlock(&r->lock);
-    while (list) {
-      tp_buffer *next = list->next;
-      destroy_buffer_now(list);
-      list = next;
-    }
+    destroy_list(list);
     pthread_mutex_lock(&r->lock);
+    r->busy = false;
+    pthread_cond_broadcast(&r->idle);
   }
   pthread_mutex_unlock(&r->lock);
   return NULL;
@@ -953,7 +971,9 @@ static void reaper_start(tp_plugin *p) {
   if (!r) return;
   pthread_mutex_init(&r->lock, NULL);
   pthread_cond_init(&r->wake, NULL);
+  pthread_cond_init(&r->idle, NULL);
   if (pthread_create(&r->thread, NULL, reaper_main, r) != 0) {
+    pthread_cond_destroy(&r->idle);
     pthread_cond_destroy(&r->wake);
     pthread_mutex_destroy(&r->lock);
     free(r);
@@ -971,10 +991,24 @@ static void reaper_stop(tp_plugin *p) {
   pthread_cond_signal(&r->wake);
   pthread_mutex_unlock(&r->lock);
   pthread_join(r->thread, NULL);
+  pthread_cond_destroy(&r->idle);
   pthread_cond_destroy(&r->wake);
   pthread_mutex_destroy(&r->lock);
   free(r);
   p->reaper = NULL;
+}
+
+void tp_plugin_await_freed(tp_plugin *p) {
+  struct reaper *r = p ? p->reaper : NULL;
+  if (!r || in_forked_child(p)) return;
+  pthread_mutex_lock(&r->lock);
+  tp_buffer *list = r->head;
+  r->head = r->tail = NULL;
+  r->pending = 0;
+  r->pending_bytes = 0;
+  while (r->busy) pthread_cond_wait(&r->idle, &r->lock);
+  pthread_mutex_unlock(&r->lock);
+  destroy_list(list);
 }
 
 void tp_buffer_free(tp_buffer *b) {

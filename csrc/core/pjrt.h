@@ -82,6 +82,8 @@ tp_status *tp_buffer_await(tp_buffer *b);
  * plugin cannot tell), 0 while it is pending.  Never blocks. */
 int tp_buffer_is_ready(tp_buffer *b);
 void tp_buffer_free(tp_buffer *b); /* NULL is a no-op */
+/* Wait for the programs that make freed buffers (and destroy those). */
+void tp_plugin_await_freed(tp_plugin *p);
 
 tp_dtype tp_buffer_dtype(const tp_buffer *b);
 int tp_buffer_rank(const tp_buffer *b);

@@ -426,6 +426,19 @@ def test_async_then_synchronize():
     assert torch.isfinite(b).all().item()
 
 
+def test_cpu_plugin_compiles_without_loop_strength_reduction():
+    """torch_pjrt/_plugin.py: LLVM's LSR off for the XLA CPU plugin (a third
+    of compile time), unless XLA_FLAGS already passes LLVM options."""
+    if os.environ.get("TORCH_PJRT_PLUGIN"):
+        pytest.skip("another plugin")
+    assert "--xla_backend_extra_options=-disable-lsr" in os.environ["XLA_FLAGS"].split()
+    own = "--xla_backend_extra_options=-lsr-complexity-limit=100"
+    out = subprocess.run([sys.executable, "-c", "import os, torch_pjrt, torch; "
+                          "print((torch.ones(3, device='tpu') * 2).sum().item(), os.environ['XLA_FLAGS'])"],
+                         env=dict(os.environ, XLA_FLAGS=own), capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["6.0", own]
+
+
 def test_synchronize_waits_for_results_nobody_kept():
     """As torch.cuda.synchronize: all queued work, also programs whose
     results were dropped at once (a loop timed with synchronize)."""

@@ -30,6 +30,7 @@ def _load():
             f"torch-pjrt: the PJRT plugin {path} does not exist. Set TORCH_PJRT_PLUGIN to a PJRT "
             f"plugin (.so), or unset it to use the XLA CPU plugin (pip install xla-cpu-pjrt)."
         )
+    _plugin.set_default_xla_flags(path)
     try:
         _C.init(path, _plugin.cpu_device_count())
     except Exception as e:

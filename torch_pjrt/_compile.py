@@ -176,14 +176,15 @@ def _ints(v):
     return [int(x) for x in v]
 
 
-def _as_strided_args(n):
-    """as_strided(self, size, stride, storage_offset=None) of node n:
+def _as_strided_args(n, at=1):
+    """as_strided(self, size, stride, storage_offset=None) of node n (at: the
+    position of size; 2 for as_strided_scatter(self, src, size, ...)):
     (size, stride, offset or None, span): span is how many storage elements
     from the first one read it covers (0 for an empty result)."""
-    args = list(n.args) + [None] * (4 - len(n.args))
-    size = _ints(args[1] if args[1] is not None else n.kwargs.get("size"))
-    stride = _ints(args[2] if args[2] is not None else n.kwargs.get("stride"))
-    off = args[3] if args[3] is not None else n.kwargs.get("storage_offset")
+    args = list(n.args) + [None] * (at + 3 - len(n.args))
+    size = _ints(args[at] if args[at] is not None else n.kwargs.get("size"))
+    stride = _ints(args[at + 1] if args[at + 1] is not None else n.kwargs.get("stride"))
+    off = args[at + 2] if args[at + 2] is not None else n.kwargs.get("storage_offset")
     if off is not None and not isinstance(off, int):
         raise Unsupported("as_strided with a symbolic storage offset")
     if len(size) != len(stride) or any(st < 0 for st in stride):
@@ -489,21 +490,15 @@ class GraphProgram:
         order = _memory_order(sval) if isinstance(sval, torch.Tensor) else None
         if order is None or not isinstance(out, torch.Tensor) or out.stride() != sval.stride():
             raise Unsupported("as_strided_scatter into a tensor that does not fill its storage")
-        args = list(n.args) + [None] * (5 - len(n.args))
-        for i, name in ((2, "size"), (3, "stride"), (4, "storage_offset")):
-            if args[i] is None:
-                args[i] = n.kwargs.get(name)
-        size, stride, off = _ints(args[2]), _ints(args[3]), args[4] or 0
-        if not isinstance(off, int) or len(size) != len(stride) or any(st < 0 for st in stride):
-            raise Unsupported("as_strided_scatter with symbolic, negative or mismatched strides")
-        numel, last = out.numel(), off + sum((sz - 1) * st for sz, st in zip(size, stride))
-        if all(sz > 0 for sz in size) and (off < 0 or last >= numel):
+        size, stride, off, span = _as_strided_args(n, at=2)
+        off, numel = off or 0, out.numel()
+        if span > 0 and (off < 0 or off + span > numel):
             raise Unsupported("as_strided_scatter past the end of its input")
         if order == sorted(order):
             return self._add_op(n.target, n.args, n.kwargs, out, values)
         code = CODE[out.dtype]
         x = self._arg(x, values, False)
-        rest = [self._arg(a, values, False) for a in args[1:]]
+        rest = [self._arg(n.args[1], values, False), size, stride, off]
         pshape = tuple(out.shape[d] for d in order)
         inv = sorted(range(len(order)), key=lambda d: order[d])
         vid = _C.graph_add(self.gid, "aten::permute", (x, order), [(code, pshape)])

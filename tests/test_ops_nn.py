@@ -129,6 +129,18 @@ def test_layer_norm(dtype, shape, ns, affine):
     check_any(lambda x, w, b: F.layer_norm(x, ns, w, b, eps=1e-5), x, w, b, grad=True, dtype=dtype)
 
 
+# Normalized sizes over 32 are computed as two dims (csrc/core/lower_nn.c,
+# ln_shape): 64 = 2 x 32, 100 = 4 x 25, (3, 40) = 4 x 30; 37 and 300 do not split.
+@pytest.mark.parametrize("dtype", [F32, BF16])
+@pytest.mark.parametrize("shape,ns", [((4, 64), (64,)), ((2, 3, 100), (100,)), ((2, 3, 40), (3, 40)),
+                                      ((3, 37), (37,)), ((2, 300), (300,))])
+def test_layer_norm_long_rows(dtype, shape, ns):
+    x = rnd(*shape, dtype=dtype) * 3 + 1
+    w, b = rnd(*ns, dtype=dtype, seed=1), rnd(*ns, dtype=dtype, seed=2)
+    check_any(lambda x, w, b: F.layer_norm(x, ns, w, b, eps=1e-5), x, w, b, grad=True, dtype=dtype)
+    check_any(lambda x: F.layer_norm(x, ns), x, grad=True, dtype=dtype)
+
+
 def test_layer_norm_stats_and_dtypes():
     for dtype in (F32, BF16):
         x = rnd(2, 3, 8, dtype=dtype, grad=False)

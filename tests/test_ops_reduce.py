@@ -75,6 +75,24 @@ def test_sum_noncontiguous():
     check(lambda t: t.expand(2, 6, 5).sum((0, 2)), x, grad=True)
 
 
+# Reductions over dims longer than 32 reshape them into two dims of at most 32
+# (csrc/core/emit.c, em_split_dim): sizes that split (64, 100, 40), that do not
+# (37, a prime; 2048, too long), and sums too long to split (300) but whose
+# max/min still do.
+@pytest.mark.parametrize("shape,dim", [((3, 64), -1), ((2, 100, 3), 1), ((6, 64, 40), (1, 2)), ((4, 37), 1),
+                                       ((2, 300), 1), ((2048,), 0), ((40, 5), 0)])
+def test_reductions_over_long_dims(shape, dim):
+    x = randn(*shape, grad=True) + 0.5
+    check(lambda t: t.sum(dim), x, grad=True)
+    check(lambda t: t.mean(dim, keepdim=True), x, grad=True)
+    check(lambda t: t.amax(dim), x, grad=True)
+    check(lambda t: t.amin(dim), x)
+    check(lambda t: (t.abs() * 0.02 + 0.99).prod(dim if isinstance(dim, int) else dim[0]), x, rtol=1e-5, atol=1e-6)
+    check(lambda t: (t > 0).all(dim), x.detach())
+    check(lambda t: (t > 2).any(dim), x.detach())
+    check(lambda t: t.sum(dim), randint(*shape))
+
+
 def test_sum_dtypes():
     check(lambda t: t.sum(), randint(4, 5))
     check(lambda t: t.sum(1), randint(4, 5, dtype=torch.int32))  # int32 sums in int64

@@ -104,6 +104,11 @@ tp_val em_clamp(tp_emit *e, tp_val lo, tp_val x, tp_val hi);
  * "stablehlo.minimum", "stablehlo.multiply", "stablehlo.and", "stablehlo.or"). */
 tp_val em_reduce(tp_emit *e, tp_val x, tp_val init, const int64_t *dims, int ndims,
                  const char *body_op);
+/* The leading factor a of n = a*b with a, b <= 32, for 32 < n <= max (else 0):
+ * a reduction over [a, b] compiles to one XLA CPU kernel, over [n] to two.
+ * em_reduce splits its dims this way; EM_SPLIT_SUM_MAX bounds floating-point sums. */
+#define EM_SPLIT_SUM_MAX 256
+int64_t em_split_dim(int64_t n, int64_t max);
 /* Argmax/argmin over one dim: returns values and i64 indices (first index on ties,
  * NaN wins like PyTorch). `is_max` selects the direction. */
 void em_argreduce(tp_emit *e, tp_val x, int dim, int is_max, tp_val *values, tp_val *indices);

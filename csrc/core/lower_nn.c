@@ -163,25 +163,41 @@ static tp_val const_f(tp_emit *e, const double *v, int64_t cnt, tp_dtype dt) {
 
 /* ---- layer norm ------------------------------------------------------------------ */
 
+/* Layer norm works on the input with its normalized dims flattened into one,
+ * split into two where em_split_dim allows (XLA CPU then reduces each row in
+ * one kernel, not two).  t2: that shape; returns its number of normalized dims,
+ * or nd with t2 = t where the flattened shape would not fit TP_MAX_RANK. */
+static int ln_shape(const tp_type *t, int axis, int nd, tp_type *t2) {
+  int64_t N = 1;
+  for (int i = axis; i < t->rank; i++) N *= t->dims[i];
+  int64_t a = em_split_dim(N, EM_SPLIT_SUM_MAX);
+  *t2 = *t;
+  if (axis + 1 + (a != 0) > TP_MAX_RANK) return nd;
+  t2->rank = axis;
+  if (a) t2->dims[t2->rank++] = a;
+  t2->dims[t2->rank++] = a ? N / a : N;
+  return t2->rank - axis;
+}
+
 /* native_layer_norm(input, normalized_shape, weight?, bias?, eps) -> (out, mean, rstd) */
 static void r_layer_norm(tp_emit *e, const tp_node *n, tp_val *o) {
   tp_val x0 = lw_value(e, n, 0);
-  tp_type t = *em_type(e, x0);
+  tp_type t0 = *em_type(e, x0), t;
   const int64_t *ns;
   int nd = lw_ints(n, 1, &ns);
-  int axis = t.rank - nd;
+  int axis = t0.rank - nd;
   if (axis < 0) {
     o[0] = em_fail(e, TP_INVALID_ARGUMENT, "native_layer_norm: normalized_shape has more dims than the input");
     return;
   }
+  nd = ln_shape(&t0, axis, nd, &t);
   tp_dtype ct = lw_opmath(t.dt);
   t.dt = ct;
-  tp_val x = em_convert(e, x0, ct);
-  int64_t rd[TP_MAX_RANK], outer[TP_MAX_RANK], inner[TP_MAX_RANK];
+  tp_val x = em_reshape(e, em_convert(e, x0, ct), t.rank, t.dims);
+  int64_t rd[TP_MAX_RANK], outer[TP_MAX_RANK];
   int64_t N = 1;
   for (int i = 0; i < nd; i++) {
     rd[i] = axis + i;
-    inner[i] = axis + i;
     N *= t.dims[axis + i];
   }
   for (int i = 0; i < axis; i++) outer[i] = i;
@@ -192,9 +208,9 @@ static void r_layer_norm(tp_emit *e, const tp_node *n, tp_val *o) {
   tp_val rstd = em_unary(e, "stablehlo.rsqrt", add(e, var, kf(e, var, lw_float(n, 4, 1e-5))));
   tp_val y = mul(e, d, bcast(e, rstd, &t, outer));
   tp_val w = opt_tensor(e, n, 2, ct), b = opt_tensor(e, n, 3, ct);
-  if (w >= 0) y = mul(e, y, bcast(e, em_reshape(e, w, nd, t.dims + axis), &t, inner));
-  if (b >= 0) y = add(e, y, bcast(e, em_reshape(e, b, nd, t.dims + axis), &t, inner));
-  o[0] = em_convert(e, y, n->outs[0].dt);
+  if (w >= 0) y = mul(e, y, bcast(e, em_reshape(e, w, nd, t.dims + axis), &t, rd));
+  if (b >= 0) y = add(e, y, bcast(e, em_reshape(e, b, nd, t.dims + axis), &t, rd));
+  o[0] = as_out(e, n, 0, y);
   if (n->nouts > 1) o[1] = as_out(e, n, 1, mean);
   if (n->nouts > 2) o[2] = as_out(e, n, 2, rstd);
 }
@@ -203,28 +219,26 @@ static void r_layer_norm(tp_emit *e, const tp_node *n, tp_val *o) {
  * output_mask) -> (grad_input, grad_weight, grad_bias) */
 static void r_layer_norm_backward(tp_emit *e, const tp_node *n, tp_val *o) {
   tp_val x0 = lw_value(e, n, 1);
-  tp_type t = *em_type(e, x0);
+  tp_type t0 = *em_type(e, x0), t;
   const int64_t *ns;
   int nd = lw_ints(n, 2, &ns);
-  int axis = t.rank - nd;
+  int axis = t0.rank - nd;
   if (axis < 0) {
     o[0] = em_fail(e, TP_INVALID_ARGUMENT, "native_layer_norm_backward: normalized_shape has more dims than the input");
     return;
   }
+  nd = ln_shape(&t0, axis, nd, &t);
   tp_dtype ct = lw_opmath(t.dt);
-  t.dt = ct;
-  tp_val x = em_convert(e, x0, ct);
-  tp_val dy = lw_operand(e, n, 0, &t);
-  int64_t rd[TP_MAX_RANK], outer[TP_MAX_RANK], inner[TP_MAX_RANK];
-  int64_t N = 1, M = 1;
+  t.dt = t0.dt = ct;
+  tp_val x = em_reshape(e, em_convert(e, x0, ct), t.rank, t.dims);
+  tp_val dy = em_reshape(e, lw_operand(e, n, 0, &t0), t.rank, t.dims);
+  int64_t rd[TP_MAX_RANK], outer[TP_MAX_RANK];
+  int64_t N = 1;
   for (int i = 0; i < nd; i++) {
-    rd[i] = inner[i] = axis + i;
+    rd[i] = axis + i;
     N *= t.dims[axis + i];
   }
-  for (int i = 0; i < axis; i++) {
-    outer[i] = i;
-    M *= t.dims[i];
-  }
+  for (int i = 0; i < axis; i++) outer[i] = i;
   tp_val mean = em_reshape(e, lw_tensor(e, n, 3, ct), axis, t.dims);
   tp_val rstd = em_reshape(e, lw_tensor(e, n, 4, ct), axis, t.dims);
   tp_val rstd_b = bcast(e, rstd, &t, outer);
@@ -235,7 +249,7 @@ static void r_layer_norm_backward(tp_emit *e, const tp_node *n, tp_val *o) {
   if (!map_outs(e, n, def, 3, slot)) return;
   if (def[0] && slot[0] >= 0) {
     tp_val g = dy;
-    if (w >= 0) g = mul(e, g, bcast(e, em_reshape(e, w, nd, t.dims + axis), &t, inner));
+    if (w >= 0) g = mul(e, g, bcast(e, em_reshape(e, w, nd, t.dims + axis), &t, rd));
     tp_val sg = rsum_b(e, g, rd, nd), sgx = rsum_b(e, mul(e, g, xhat), rd, nd);
     double invn = N ? 1.0 / (double)N : 0.0;
     /* rstd * (g - (sum(g) + xhat * sum(g * xhat)) / N) */
@@ -245,7 +259,6 @@ static void r_layer_norm_backward(tp_emit *e, const tp_node *n, tp_val *o) {
   }
   put_opt(e, n, o, slot, def, 1, def[1] && slot[1] >= 0 ? rsum(e, mul(e, dy, xhat), outer, axis) : -1);
   put_opt(e, n, o, slot, def, 2, def[2] && slot[2] >= 0 ? rsum(e, dy, outer, axis) : -1);
-  (void)M;
 }
 
 /* ---- batch norm ------------------------------------------------------------------- */

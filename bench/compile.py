@@ -1,7 +1,7 @@
 """Compiled mode: training-step time of minGPT and a small Llama on "tpu"
-compiled, "tpu" eager, CPU eager and CPU Inductor, measured in one run (in
-compiled modes both the model and the AdamW step are compiled); and
-cold vs warm-disk-cache start-up in fresh processes.
+compiled, "tpu" eager, CPU eager and CPU Inductor, measured in one run with
+the modes taking turns (in compiled modes both the model and the AdamW step
+are compiled); and cold vs warm-disk-cache start-up in fresh processes.
 
     .venv/bin/python bench/compile.py [--steps N] [--skip-startup]
 
@@ -12,6 +12,7 @@ warm disk cache: compile seconds / 10 and start-to-first-step <= 40% of cold.
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -37,7 +38,9 @@ def make(name):
     return Llama(cfg), cfg.vocab_size, cfg.max_seq_len
 
 
-def step_time(name, device, mode, steps, batch=16):
+def make_step(name, device, mode, batch=16):
+    """A training step of model `name` on device in mode ("eager" or
+    "compiled"), after its first (tracing and compiling) step, which is timed."""
     model, vocab, T = make(name)
     model = model.to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
@@ -55,22 +58,34 @@ def step_time(name, device, mode, steps, batch=16):
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt_step()
-        return loss
+        return loss.item()
 
     t0 = time.perf_counter()
-    one().item()  # first step: traces and compiles
+    one()
     first = time.perf_counter() - t0
     for _ in range(2):
         one()
-    if device == "tpu":
-        torch.tpu.synchronize()
-    times = []
-    for _ in range(steps):
-        t0 = time.perf_counter()
-        one().item()
-        times.append(time.perf_counter() - t0)
-    times.sort()
-    return {"step_ms": round(times[len(times) // 2] * 1e3, 3), "first_step_s": round(first, 3)}
+    return one, first
+
+
+MODES = (("tpu_compiled", "tpu", "compiled"), ("tpu_eager", "tpu", "eager"), ("cpu_eager", "cpu", "eager"),
+         ("cpu_inductor", "cpu", "compiled"))
+
+
+def step_times(name, steps, rounds=5):
+    """Median step time of each mode.  The modes take turns, `steps` steps
+    at a time, so that a slow spell of this shared machine falls on all of
+    them rather than on whichever ran then."""
+    runs = {key: make_step(name, device, mode) for key, device, mode in MODES}
+    times = {key: [] for key in runs}
+    for _ in range(rounds):
+        for key, (one, _) in runs.items():
+            for _ in range(max(1, steps // rounds)):
+                t0 = time.perf_counter()
+                one()
+                times[key].append(time.perf_counter() - t0)
+    return {key: {"step_ms": round(statistics.median(times[key]) * 1e3, 3), "first_step_s": round(runs[key][1], 3)}
+            for key in runs}
 
 
 STARTUP = r"""
@@ -102,17 +117,12 @@ def startup(cache_dir):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--skip-startup", action="store_true")
     args = ap.parse_args()
     res = {}
     for name in ("mingpt", "llama"):
-        r = {
-            "tpu_compiled": step_time(name, "tpu", "compiled", args.steps),
-            "tpu_eager": step_time(name, "tpu", "eager", args.steps),
-            "cpu_eager": step_time(name, "cpu", "eager", args.steps),
-            "cpu_inductor": step_time(name, "cpu", "compiled", args.steps),
-        }
+        r = step_times(name, args.steps)
         c = r["tpu_compiled"]["step_ms"]
         r["ratios"] = {
             "tpu_eager_over_tpu_compiled": round(r["tpu_eager"]["step_ms"] / c, 3),

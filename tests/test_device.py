@@ -439,6 +439,18 @@ def test_cpu_plugin_compiles_without_loop_strength_reduction():
     assert out.stdout.split() == ["6.0", own]
 
 
+@pytest.mark.parametrize("flag,says", [("--xla_not_a_flag=1", "Unknown flag in XLA_FLAGS: --xla_not_a_flag=1"),
+                                       ("--xla_dump_hlo_as_text=maybe", "Couldn't interpret value maybe")])
+def test_bad_xla_flags_raise_instead_of_aborting(flag, says):
+    """XLA aborts the process on a bad XLA_FLAGS entry; importing torch_pjrt
+    raises instead (the plugin is tried in a child process first)."""
+    out = subprocess.run([sys.executable, "-c", "import torch_pjrt"], env=dict(os.environ, XLA_FLAGS=flag),
+                         capture_output=True, text=True)
+    assert out.returncode == 1, out.stderr[-2000:]
+    last = out.stderr.strip().splitlines()[-1]
+    assert last.startswith("RuntimeError: torch-pjrt: the PJRT plugin") and says in last and "XLA_FLAGS" in last
+
+
 def test_synchronize_waits_for_results_nobody_kept():
     """As torch.cuda.synchronize: all queued work, also programs whose
     results were dropped at once (a loop timed with synchronize)."""

@@ -31,6 +31,7 @@ def _load():
             f"plugin (.so), or unset it to use the XLA CPU plugin (pip install xla-cpu-pjrt)."
         )
     _plugin.set_default_xla_flags(path)
+    _plugin.check_xla_flags(path, _C.__file__)
     try:
         _C.init(path, _plugin.cpu_device_count())
     except Exception as e:

@@ -6,6 +6,9 @@ package (PyPI: xla-cpu-pjrt), so the same script runs on a laptop, in CI and
 on a TPU VM.
 """
 import os
+import re
+import subprocess
+import sys
 
 
 def default_plugin():
@@ -45,6 +48,36 @@ def set_default_xla_flags(path):
     flags = os.environ.get("XLA_FLAGS", "")
     if "xla_backend_extra_options" not in flags:
         os.environ["XLA_FLAGS"] = f"{flags} {_CPU_XLA_FLAGS}".strip()
+
+
+# XLA parses XLA_FLAGS when the plugin creates its client and aborts the
+# process on a flag it does not know or a value it cannot parse.  So when the
+# user set XLA_FLAGS, a child process opens the plugin with them first (the C
+# core only, no torch: about 0.3 s), and a failure there becomes an exception
+# here instead of an abort.
+_PROBE = """
+import importlib.machinery, importlib.util, sys
+loader = importlib.machinery.ExtensionFileLoader("torch_pjrt._C", sys.argv[1])
+_C = importlib.util.module_from_spec(importlib.util.spec_from_loader("torch_pjrt._C", loader))
+loader.exec_module(_C)
+_C.init(sys.argv[2], 1)
+"""
+
+
+def check_xla_flags(path, c_module_file):
+    flags = os.environ.get("XLA_FLAGS", "").strip()
+    if not flags or flags == _CPU_XLA_FLAGS:
+        return
+    r = subprocess.run([sys.executable, "-c", _PROBE, c_module_file, path], capture_output=True, text=True,
+                       env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+    if r.returncode == 0 or r.returncode > 0 and "XLA_FLAGS" not in r.stderr:
+        return  # fine, or an error that opening the plugin here reports itself
+    # absl log lines: "E0000 00:00:... file.cc:93] message" (E: error, F: fatal)
+    logged = {k: [ln.split("] ", 1)[-1] for ln in r.stderr.splitlines() if re.match(k + r"\d{4} ", ln)]
+              for k in "EF"}
+    why = "; ".join(m.rstrip(".") for m in logged["E"] or logged["F"]) or f"it exited with status {r.returncode}"
+    raise RuntimeError(
+        f"torch-pjrt: the PJRT plugin {path} aborts with XLA_FLAGS={flags!r}: {why}. Fix or unset XLA_FLAGS.")
 
 
 def cpu_device_count():

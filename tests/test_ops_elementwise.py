@@ -1150,13 +1150,28 @@ def test_fft_hfft_conjugated_input():
     torch.testing.assert_close(torch.fft.hfft(x.to("tpu")).cpu(), torch.fft.hfft(x), rtol=1e-5, atol=1e-5)
 
 
-def test_complex_scalar_imaginary_part_is_not_dropped():
-    z = torch.complex(torch.tensor([1.5, -2.0]), torch.tensor([0.5, 3.0]))
-    zt = z.to("tpu")
-    assert torch.equal((zt * (2 + 0j)).cpu(), z * 2)
-    # A scalar carries one double: x * 1j must refuse, not give 0.
-    with pytest.raises(NotImplementedError, match="imaginary"):
-        (zt * 1j).cpu()
+@pytest.mark.parametrize("fn", [
+    lambda t: t * 1j, lambda t: t * (2 + 0j), lambda t: torch.exp(1j * t.real), lambda t: (t + (3 - 1j)) / (0.5 + 2j),
+    lambda t: t.real * (1 + 2j) - 1j, lambda t: t.to(torch.complex128) * (1 - 1j), lambda t: t.clone().mul_(0.5j),
+    lambda t: torch.where(t.real > 0, t, 2j), lambda t: torch.full((2,), 1 - 2j, device=t.device),
+    lambda t: t.pow(2 + 1j), lambda t: torch.tensor(2j) * t.real,
+], ids=["mul", "mul_real_part", "exp_i_theta", "add_div", "real_times", "c128", "mul_", "where", "full", "pow",
+        "cpu_scalar_tensor"])
+def test_complex_scalars(fn):
+    """Complex Python numbers keep their imaginary part (eager; a compiled
+    graph holds them as constants)."""
+    z = torch.complex(torch.tensor([1.5, -2.0, 0.25]), torch.tensor([0.5, 3.0, -1.0]))
+    check(fn, z, rtol=1e-5, atol=1e-5)
+    out = torch.compile(fn, backend="tpu", dynamic=False)(z.to("tpu"))
+    torch.testing.assert_close(out.cpu(), fn(z), rtol=1e-5, atol=1e-5)
+
+
+def test_complex_scalar_into_a_real_value_raises_like_cpu():
+    for device in ("cpu", "tpu"):
+        with pytest.raises(RuntimeError, match="value cannot be converted to type float without overflow"):
+            torch.zeros(2, device=device).fill_(1j).cpu()
+        with pytest.raises(RuntimeError, match="value cannot be converted to type float without overflow"):
+            torch.full((2,), 1j, dtype=torch.float32, device=device).cpu()
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])

@@ -362,8 +362,8 @@ class GraphProgram:
             if not isinstance(vid, int):
                 raise Unsupported(f"argument {v.name} is not a tensor value")
             return ("V", vid)
-        if number_is_scalar and isinstance(v, (bool, int, float)):
-            code = 11 if isinstance(v, bool) else 4 if isinstance(v, int) else 7
+        if number_is_scalar and isinstance(v, (bool, int, float, complex)):
+            code = 11 if isinstance(v, bool) else 4 if isinstance(v, int) else 10 if isinstance(v, complex) else 7
             return ("S", code, v, True)
         if isinstance(v, (list, tuple)):
             if any(isinstance(x, torch.fx.Node) for x in v):

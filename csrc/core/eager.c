@@ -274,6 +274,7 @@ static int spec_key(kbuf *k, const char *op, const tp_eager_arg *args, int nargs
     if (a->kind == TP_ARG_SCALAR && by_value) {
       kb_i64(k, a->i);
       kb_put(k, &a->f, sizeof a->f);
+      kb_put(k, &a->fi, sizeof a->fi);
     }
   }
   return !k->oom;
@@ -443,6 +444,7 @@ static tp_val cb_scalar(tp_emit *e, const tp_node *n, int i, tp_dtype dt) {
   tp_lower_ctx *c = n->ctx;
   if (i < 0 || i >= c->nargs || c->args[i].a.kind != TP_ARG_SCALAR)
     return em_fail(e, TP_INTERNAL, "%s: argument %d is not a scalar", n->op, i);
+  if (!tp_dtype_is_complex(dt) && c->args[i].a.fi != 0) return tp_scalar_to_real(e, dt);
   /* float8 scalars travel as f32 (their bytes are not worth a converter here) */
   if (tp_dtype_is_f8(dt)) return em_convert(e, cb_scalar(e, n, i, TP_F32), dt);
   /* One parameter per (argument, dtype). */
@@ -983,8 +985,10 @@ static void scalar_bytes(const tp_arg *a, tp_dtype dt, unsigned char out[16]) {
     case TP_I64: case TP_U64: memcpy(out, &i, 8); break;
     case TP_F16: { uint16_t v = f32_to_f16((float)f); memcpy(out, &v, 2); } break;
     case TP_BF16: { uint16_t v = f32_to_bf16((float)f); memcpy(out, &v, 2); } break;
-    case TP_F32: case TP_C64: { float v = (float)f; memcpy(out, &v, 4); } break;
-    case TP_F64: case TP_C128: memcpy(out, &f, 8); break;
+    case TP_F32: { float v = (float)f; memcpy(out, &v, 4); } break;
+    case TP_F64: memcpy(out, &f, 8); break;
+    case TP_C64: { float v[2] = {(float)f, (float)a->fi}; memcpy(out, v, 8); } break;
+    case TP_C128: { double v[2] = {f, a->fi}; memcpy(out, v, 16); } break;
     default: break;
   }
 }

@@ -249,13 +249,7 @@ tp_val em_const(tp_emit *e, double v, tp_dtype dt) {
   char lit[64];
   if (dt == TP_BOOL) return const_text(e, v != 0 ? "true" : "false", TP_BOOL);
   if (tp_dtype_is_int(dt)) return em_const_i(e, (int64_t)v, dt);
-  if (tp_dtype_is_complex(dt)) {
-    tp_dtype part = dt == TP_C64 ? TP_F32 : TP_F64;
-    tp_val re = em_const(e, v, part), im = em_const(e, 0, part);
-    tp_type t = tp_type_make(dt, 0, NULL);
-    tp_val in[2] = {re, im};
-    return emit_line(e, "stablehlo.complex", NULL, in, 2, &t);
-  }
+  if (tp_dtype_is_complex(dt)) return em_const_c(e, v, 0, dt);
   if (dt == TP_F64) {
     uint64_t bits;
     memcpy(&bits, &v, 8);
@@ -271,6 +265,13 @@ tp_val em_const(tp_emit *e, double v, tp_dtype dt) {
   snprintf(lit, sizeof lit, "0x%08" PRIX32, bits);
   tp_val c = const_text(e, lit, TP_F32);
   return dt == TP_F32 ? c : em_convert(e, c, dt);
+}
+
+tp_val em_const_c(tp_emit *e, double re, double im, tp_dtype dt) {
+  tp_dtype part = dt == TP_C64 ? TP_F32 : TP_F64;
+  tp_val in[2] = {em_const(e, re, part), em_const(e, im, part)};
+  tp_type t = tp_type_make(dt, 0, NULL);
+  return emit_line(e, "stablehlo.complex", NULL, in, 2, &t);
 }
 
 tp_val em_const_i(tp_emit *e, int64_t v, tp_dtype dt) {

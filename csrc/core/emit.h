@@ -64,6 +64,7 @@ tp_val em_op(tp_emit *e, const char *name, const char *attrs, const tp_val *in,
 /* ---- constants and shapes ------------------------------------------------- */
 tp_val em_const(tp_emit *e, double v, tp_dtype dt);            /* rank-0 */
 tp_val em_const_i(tp_emit *e, int64_t v, tp_dtype dt);         /* rank-0, exact ints */
+tp_val em_const_c(tp_emit *e, double re, double im, tp_dtype dt); /* rank-0 complex */
 tp_val em_full(tp_emit *e, double v, const tp_type *t);        /* splat of shape t */
 tp_val em_iota(tp_emit *e, const tp_type *t, int dim);
 tp_val em_convert(tp_emit *e, tp_val x, tp_dtype dt);          /* no-op if same */

@@ -195,6 +195,7 @@ static tp_val state_key(tp_emit *e, const tp_node *n) {
 /* Numbers inside a graph are constants of the graph. */
 static tp_val const_scalar(tp_emit *e, const tp_node *n, int i, tp_dtype dt) {
   const tp_arg *a = &n->args[i];
+  if (a->fi != 0) return tp_dtype_is_complex(dt) ? em_const_c(e, a->f, a->fi, dt) : tp_scalar_to_real(e, dt);
   int isf = tp_dtype_is_float(a->sdt) || tp_dtype_is_complex(a->sdt);
   return isf ? em_const(e, a->f, dt) : em_const_i(e, a->i, dt);
 }

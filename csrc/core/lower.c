@@ -190,6 +190,11 @@ const char *const *tp_lower_names(void) {
 
 static const tp_arg k_none = {.kind = TP_ARG_NONE};
 
+tp_val tp_scalar_to_real(tp_emit *e, tp_dtype dt) {
+  const char *name = dt == TP_F32 ? "float" : dt == TP_F64 ? "double" : dt == TP_I64 ? "int64_t" : tp_dtype_name(dt);
+  return em_fail(e, TP_INVALID_ARGUMENT, "value cannot be converted to type %s without overflow", name);
+}
+
 const tp_arg *lw_arg(const tp_node *n, int i) { return (i >= 0 && i < n->nargs) ? &n->args[i] : &k_none; }
 int lw_is_none(const tp_node *n, int i) { return lw_arg(n, i)->kind == TP_ARG_NONE; }
 

@@ -31,6 +31,7 @@ typedef struct tp_arg {
   tp_arg_kind kind;
   int64_t i;
   double f;
+  double fi;          /* SCALAR: the imaginary part of a complex number */
   tp_dtype sdt;       /* SCALAR: its natural dtype (I64, F64, BOOL, or the 0-dim tensor's) */
   int wrapped;        /* SCALAR came from a Python number (lowest promotion priority) */
   int n;
@@ -49,7 +50,8 @@ typedef struct tp_node {
   int nouts;
   const tp_type *outs; /* output types from PyTorch's meta functions */
   tp_lower_ctx *ctx;
-  /* Materialise SCALAR argument `i` as a rank-0 value of dtype `dt`. */
+  /* Materialise SCALAR argument `i` as a rank-0 value of dtype `dt` (a
+   * complex number with an imaginary part and a real `dt`: tp_scalar_to_real). */
   tp_val (*scalar)(tp_emit *e, const struct tp_node *n, int i, tp_dtype dt);
   /* A fresh random key (tensor<2xui64>) for RNG ops, different every call. */
   tp_val (*rng_key)(tp_emit *e, const struct tp_node *n);
@@ -63,6 +65,10 @@ typedef struct tp_node {
   void (*check)(tp_emit *e, const struct tp_node *n, tp_val idx, int64_t lo, int64_t hi, tp_code code,
                 const char *msg);
 } tp_node;
+
+/* The error of a complex number with an imaginary part where the op wants a
+ * real scalar of dtype `dt` (PyTorch's, e.g. torch.zeros(2).fill_(1j)). */
+tp_val tp_scalar_to_real(tp_emit *e, tp_dtype dt);
 
 /* Emit the op; write one value per output into outs[0..nouts). */
 typedef void (*tp_lower_fn)(tp_emit *e, const tp_node *n, tp_val *outs);

@@ -140,15 +140,8 @@ static int parse_arg(PyObject *o, tp_eager_arg *a, call_mem *m) {
         a->a.f = PyFloat_AS_DOUBLE(v);
         a->a.i = (int64_t)a->a.f;
       } else if (PyComplex_Check(v)) {
-        /* Scalars carry one double: a non-zero imaginary part would be
-         * dropped silently (x * 1j gave 0), so refuse it. */
-        if (PyComplex_ImagAsDouble(v) != 0.0) {
-          PyErr_SetString(PyExc_NotImplementedError,
-                          "complex scalars with an imaginary part are not supported on the tpu device yet "
-                          "(torch-pjrt)");
-          return -1;
-        }
         a->a.f = PyComplex_RealAsDouble(v);
+        a->a.fi = PyComplex_ImagAsDouble(v);
       } else {
         int overflow = 0;
         a->a.i = PyLong_AsLongLongAndOverflow(v, &overflow);

@@ -154,13 +154,19 @@ def test_bucket_pads_and_masks():
 
 
 def test_bucketing_avoids_recompiles():
-    f = torch.compile(lambda t: (t * 2).sum(), backend="tpu", dynamic=False)
+    def bucketed_sum(t):
+        return (t * 2).sum()
+
+    f = torch.compile(bucketed_sum, backend="tpu", dynamic=False)
     before = torch_pjrt.compile_counts()
     for n in (3, 5, 6, 7, 9, 12):
         padded, _ = torch_pjrt.bucket(torch.ones(n, device="tpu"), sizes=(8, 16))
         assert f(padded).item() == 2 * n
     new = {k: v - before.get(k, 0) for k, v in torch_pjrt.compile_counts().items() if v != before.get(k, 0)}
-    assert sum(new.values()) == 2  # one compile per bucket size
+    # One compile per bucket size.  Only this function's counts: this once
+    # failed in a two-worker run and passed in every rerun; the message
+    # shows all the counts that changed.
+    assert sum(v for k, v in new.items() if k.startswith("bucketed_sum")) == 2, new
 
 
 def test_metrics_report():

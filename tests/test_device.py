@@ -451,6 +451,37 @@ def test_bad_xla_flags_raise_instead_of_aborting(flag, says):
     assert last.startswith("RuntimeError: torch-pjrt: the PJRT plugin") and says in last and "XLA_FLAGS" in last
 
 
+def test_per_process_memory_fraction():
+    """As torch.cuda.set_per_process_memory_fraction: going over the cap
+    raises torch.OutOfMemoryError before the op runs, nothing is lost, and
+    1.0 lifts it."""
+    with pytest.raises(TypeError, match="must be `float`"):
+        torch.tpu.set_per_process_memory_fraction(1)
+    with pytest.raises(ValueError, match="Allowed range: 0~1"):
+        torch.tpu.set_per_process_memory_fraction(1.5)
+    x = torch.randn(256, 1024, device="tpu")  # 1 MiB
+    f = torch.compile(lambda t: t * 3 + 1, backend="tpu", dynamic=False)
+    expect = (x * 3 + 1).cpu()
+    f(x)  # compiled before the cap
+    total = torch.tpu.mem_get_info()[1]
+    try:
+        torch.tpu.set_per_process_memory_fraction((torch.tpu.memory_allocated() + (1 << 19)) / total)
+        assert 0 < torch.tpu.get_per_process_memory_fraction() < 1
+        with pytest.raises(torch.OutOfMemoryError, match="set_per_process_memory_fraction"):
+            x * 2
+        with pytest.raises(torch.OutOfMemoryError):
+            f(x)
+        with pytest.raises(torch.OutOfMemoryError):
+            torch.ones(256, 1024).to("tpu")
+        x.mul_(2)  # in place (donated): nothing more
+        small = x[:4] + 1  # 16 KiB fit
+    finally:
+        torch.tpu.set_per_process_memory_fraction(1.0)
+    assert torch.tpu.get_per_process_memory_fraction() == 1.0
+    torch.testing.assert_close(small.cpu(), x[:4].cpu() + 1)
+    torch.testing.assert_close(f(x / 2).cpu(), expect)
+
+
 def test_synchronize_waits_for_results_nobody_kept():
     """As torch.cuda.synchronize: all queued work, also programs whose
     results were dropped at once (a loop timed with synchronize)."""

@@ -283,6 +283,28 @@ def memory_stats(device=None) -> dict:
     return dict(torch.accelerator.memory_stats(_index(device)))
 
 
+_memory_fraction = {}  # device index -> fraction set
+
+
+def set_per_process_memory_fraction(fraction, device=None) -> None:
+    """Cap what this process's tpu tensors may hold on `device` at `fraction`
+    of its total memory (mem_get_info's total: the host's memory for the XLA
+    CPU plugin), as torch.cuda.set_per_process_memory_fraction.  Going over
+    raises torch.OutOfMemoryError before the op runs (its inputs, donated
+    ones too, are left as they were).  1.0 lifts the cap."""
+    idx = _index(device)
+    if not isinstance(fraction, float):
+        raise TypeError("Invalid type for fraction argument, must be `float`")
+    if fraction < 0 or fraction > 1:
+        raise ValueError(f"Invalid fraction value: {fraction}. Allowed range: 0~1")
+    _C.set_mem_limit(idx, -1 if fraction == 1.0 else int(fraction * mem_get_info(idx)[1]))
+    _memory_fraction[idx] = fraction
+
+
+def get_per_process_memory_fraction(device=None) -> float:
+    return _memory_fraction.get(_index(device), 1.0)
+
+
 def reset_max_memory_allocated(device=None) -> None:
     reset_peak_memory_stats(device)
 

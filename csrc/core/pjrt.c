@@ -57,6 +57,7 @@ struct tp_exec {
   tp_plugin *p;
   PJRT_LoadedExecutable *exe;
   int num_outputs;
+  int64_t out_bytes; /* the outputs' total size; -1 if the plugin does not say */
 };
 
 /* ---- function-table slots ------------------------------------------------- */
@@ -436,6 +437,7 @@ static tp_status *read_devices(tp_plugin *p) {
     return out_of_memory("listing devices");
   p->num_devices = (int)n;
   for (size_t i = 0; i < n; i++) {
+    p->mem[i].bytes_limit = -1;
     p->devices[i] = list[i];
     TP_RETURN_IF_ERROR(read_device_kind(p, list[i], &p->device_kinds[i]));
   }
@@ -561,6 +563,28 @@ static void mem_sub(tp_plugin *p, int device, size_t nbytes) {
   m->bytes_in_use -= (int64_t)nbytes;
   m->live_buffers -= 1;
   pthread_mutex_unlock(&p->mem_lock);
+}
+
+/* An error if `nbytes` more on `device` would pass its limit. */
+static tp_status *mem_check(tp_plugin *p, int device, int64_t nbytes) {
+  pthread_mutex_lock(&p->mem_lock);
+  tp_mem_stats m = p->mem[device];
+  pthread_mutex_unlock(&p->mem_lock);
+  if (m.bytes_limit < 0 || nbytes <= 0 || m.bytes_in_use + nbytes <= m.bytes_limit) return NULL;
+  const double mib = 1024.0 * 1024.0;
+  return tp_error(TP_RESOURCE_EXHAUSTED,
+                  "out of memory on device %d: tried to allocate %.2f MiB with %.2f MiB in use, over the "
+                  "per-process limit of %.2f MiB (torch.tpu.set_per_process_memory_fraction)",
+                  device, (double)nbytes / mib, (double)m.bytes_in_use / mib, (double)m.bytes_limit / mib);
+}
+
+tp_status *tp_plugin_set_mem_limit(tp_plugin *p, int device, int64_t bytes) {
+  if (!p) return tp_error(TP_INVALID_ARGUMENT, "tp_plugin_set_mem_limit: NULL plugin");
+  TP_RETURN_IF_ERROR(check_device(p, device, "tp_plugin_set_mem_limit"));
+  pthread_mutex_lock(&p->mem_lock);
+  p->mem[device].bytes_limit = bytes < 0 ? -1 : bytes;
+  pthread_mutex_unlock(&p->mem_lock);
+  return NULL;
 }
 
 tp_status *tp_plugin_mem_stats(tp_plugin *p, int device, tp_mem_stats *out) {
@@ -742,6 +766,7 @@ tp_status *tp_buffer_from_host(tp_plugin *p, int device, tp_dtype dt,
                       (long long)numel);
     data = &empty_data;
   }
+  TP_RETURN_IF_ERROR(mem_check(p, device, numel * (int64_t)tp_dtype_size(dt)));
 
   PJRT_Client_BufferFromHostBuffer_Args a;
   memset(&a, 0, sizeof a);
@@ -826,6 +851,7 @@ tp_status *tp_buffer_copy_to_device(tp_buffer *b, int device,
     return tp_error(TP_INVALID_ARGUMENT,
                     "tp_buffer_copy_to_device: buffer is already on device %d",
                     device);
+  TP_RETURN_IF_ERROR(mem_check(p, device, (int64_t)b->nbytes));
   REQUIRE_SLOT(p, PJRT_Buffer_CopyToDevice);
   PJRT_Buffer_CopyToDevice_Args a;
   memset(&a, 0, sizeof a);
@@ -1111,8 +1137,41 @@ static tp_status *get_executable(const tp_plugin *p, PJRT_LoadedExecutable *le,
   return NULL;
 }
 
+/* The total size of an executable's outputs from their element types and
+ * dims, or -1 where the plugin does not give them. */
+static int64_t output_bytes(const tp_plugin *p, PJRT_Executable *exe, size_t n) {
+  if (!HAS_SLOT(p->api, PJRT_Executable_OutputElementTypes) || !HAS_SLOT(p->api, PJRT_Executable_OutputDimensions))
+    return -1;
+  PJRT_Executable_OutputElementTypes_Args t;
+  memset(&t, 0, sizeof t);
+  t.struct_size = PJRT_Executable_OutputElementTypes_Args_STRUCT_SIZE;
+  t.executable = exe;
+  PJRT_Executable_OutputDimensions_Args d;
+  memset(&d, 0, sizeof d);
+  d.struct_size = PJRT_Executable_OutputDimensions_Args_STRUCT_SIZE;
+  d.executable = exe;
+  d.num_outputs = n;
+  tp_status *st = from_pjrt(p->api, p->api->PJRT_Executable_OutputElementTypes(&t), "OutputElementTypes");
+  if (!st) st = from_pjrt(p->api, p->api->PJRT_Executable_OutputDimensions(&d), "OutputDimensions");
+  if (st || t.num_output_types != n) {
+    tp_status_free(st);
+    return -1;
+  }
+  int64_t total = 0;
+  const int64_t *dims = d.dims;
+  for (size_t i = 0; i < n; i++) {
+    int64_t numel = 1;
+    for (size_t j = 0; j < d.dim_sizes[i]; j++) numel *= dims[j];
+    dims += d.dim_sizes[i];
+    size_t esize = tp_dtype_size(tp_dtype_from_pjrt((int)t.output_types[i]));
+    if (!esize) return -1;
+    total += numel * (int64_t)esize;
+  }
+  return total;
+}
+
 static tp_status *count_outputs(const tp_plugin *p, PJRT_LoadedExecutable *le,
-                                int *out) {
+                                int *out, int64_t *out_bytes) {
   REQUIRE_SLOT(p, PJRT_Executable_NumOutputs);
   PJRT_Executable *exe = NULL;
   TP_RETURN_IF_ERROR(get_executable(p, le, &exe));
@@ -1122,8 +1181,11 @@ static tp_status *count_outputs(const tp_plugin *p, PJRT_LoadedExecutable *le,
   a.executable = exe;
   tp_status *st = from_pjrt(p->api, p->api->PJRT_Executable_NumOutputs(&a),
                             "PJRT_Executable_NumOutputs");
+  if (!st) {
+    *out = (int)a.num_outputs;
+    *out_bytes = output_bytes(p, exe, a.num_outputs);
+  }
   destroy_executable(p->api, exe);
-  if (!st) *out = (int)a.num_outputs;
   return st;
 }
 
@@ -1131,7 +1193,8 @@ static tp_status *count_outputs(const tp_plugin *p, PJRT_LoadedExecutable *le,
 static tp_status *exec_wrap(tp_plugin *p, PJRT_LoadedExecutable *le,
                             tp_exec **out) {
   int nout = 0;
-  tp_status *st = count_outputs(p, le, &nout);
+  int64_t out_bytes = -1;
+  tp_status *st = count_outputs(p, le, &nout, &out_bytes);
   tp_exec *e = st ? NULL : malloc(sizeof *e);
   if (!st && !e) st = out_of_memory("creating an executable");
   if (st) {
@@ -1141,6 +1204,7 @@ static tp_status *exec_wrap(tp_plugin *p, PJRT_LoadedExecutable *le,
   e->p = p;
   e->exe = le;
   e->num_outputs = nout;
+  e->out_bytes = out_bytes;
   *out = e;
   return NULL;
 }
@@ -1292,6 +1356,12 @@ tp_status *tp_execute(tp_exec *e, int device, tp_buffer *const *args,
   tp_status *st = NULL;
   if (!argv || !keep || !outv) st = out_of_memory("preparing an execution");
 
+  if (!st && e->out_bytes > 0) { /* what the outputs add, less what donation frees */
+    int64_t need = e->out_bytes;
+    for (int i = 0; i < nargs && i < 64; i++)
+      if (donate & ((uint64_t)1 << i)) need -= (int64_t)args[i]->nbytes;
+    st = mem_check(e->p, device, need);
+  }
   if (!st) {
     /* Every argument not named in `donate` is listed as non-donatable, so
      * PJRT never reuses a buffer the caller still needs. */

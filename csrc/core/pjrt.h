@@ -56,8 +56,14 @@ typedef struct tp_mem_stats {
   int64_t bytes_in_use;
   int64_t peak_bytes;
   int64_t live_buffers;
+  int64_t bytes_limit; /* -1: none */
 } tp_mem_stats;
 tp_status *tp_plugin_mem_stats(tp_plugin *p, int device, tp_mem_stats *out);
+/* Cap bytes_in_use on `device` (torch.tpu.set_per_process_memory_fraction;
+ * -1: no cap).  Creating buffers past it fails with TP_RESOURCE_EXHAUSTED
+ * before anything runs: a host upload, a copy between devices, or an
+ * execution whose outputs (less its donated inputs) would not fit. */
+tp_status *tp_plugin_set_mem_limit(tp_plugin *p, int device, int64_t bytes);
 tp_status *tp_plugin_reset_peak(tp_plugin *p, int device);
 /* Total/free device memory if the plugin reports it (PJRT_Device_MemoryStats);
  * returns TP_UNIMPLEMENTED if it does not. */

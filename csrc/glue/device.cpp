@@ -50,8 +50,10 @@ void set_device(c10::DeviceIndex index) {
 [[noreturn]] void throw_status(tp_status* st, const char* what) {
   std::string msg = st ? tp_status_message(st) : "unknown error";
   bool index = st && tp_status_code(st) == TP_OUT_OF_RANGE;
+  bool oom = st && tp_status_code(st) == TP_RESOURCE_EXHAUSTED;
   tp_status_free(st);
   TORCH_CHECK_INDEX(!index, c10::get_privateuse1_backend(), ": ", what, ": ", msg);
+  TORCH_CHECK_WITH(OutOfMemoryError, !oom, c10::get_privateuse1_backend(), ": ", what, ": ", msg);
   TORCH_CHECK(false, c10::get_privateuse1_backend(), ": ", what, ": ", msg);
 }
 

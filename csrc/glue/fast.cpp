@@ -43,6 +43,7 @@ namespace torch_pjrt {
   // The exception types _C's raise_status gives the Python path.
   TORCH_CHECK_NOT_IMPLEMENTED(code != TP_UNIMPLEMENTED, msg);
   TORCH_CHECK_INDEX(code != TP_OUT_OF_RANGE, msg);
+  TORCH_CHECK_WITH(OutOfMemoryError, code != TP_RESOURCE_EXHAUSTED, msg);
   TORCH_CHECK(false, msg);
 }
 

@@ -19,13 +19,22 @@
 #include "runtime.h"
 
 static PyObject *raise_status(tp_status *st) {
-  PyObject *exc = PyExc_RuntimeError;
+  PyObject *exc = PyExc_RuntimeError, *oom = NULL;
   switch (tp_status_code(st)) {
     case TP_UNIMPLEMENTED: exc = PyExc_NotImplementedError; break;
     case TP_OUT_OF_RANGE: exc = PyExc_IndexError; break;
+    case TP_RESOURCE_EXHAUSTED: { /* torch.OutOfMemoryError, as CUDA's allocator raises */
+      PyObject *torch = PyImport_ImportModule("torch");
+      oom = torch ? PyObject_GetAttrString(torch, "OutOfMemoryError") : NULL;
+      Py_XDECREF(torch);
+      PyErr_Clear();
+      if (oom) exc = oom;
+      break;
+    }
     default: break;
   }
   PyErr_SetString(exc, tp_status_message(st));
+  Py_XDECREF(oom);
   tp_status_free(st);
   return NULL;
 }
@@ -546,6 +555,18 @@ static PyObject *py_reset_peak(PyObject *self, PyObject *a) {
   Py_RETURN_NONE;
 }
 
+static PyObject *py_set_mem_limit(PyObject *self, PyObject *a) {
+  (void)self;
+  int d;
+  long long bytes;
+  if (!PyArg_ParseTuple(a, "iL", &d, &bytes) || check_device(d) < 0) return NULL;
+  tp_plugin *p = plugin_or_raise();
+  if (!p) return NULL;
+  tp_status *st = tp_plugin_set_mem_limit(p, d, bytes);
+  if (st) return raise_status(st);
+  Py_RETURN_NONE;
+}
+
 static PyObject *py_manual_seed(PyObject *self, PyObject *a) {
   (void)self;
   int d;
@@ -921,6 +942,7 @@ static PyMethodDef methods[] = {
     {"synchronize", py_synchronize, METH_VARARGS, "synchronize(device): wait for pending work (-1: all)"},
     {"mem_stats", py_mem_stats, METH_VARARGS, "mem_stats(device) -> (bytes_in_use, peak, live_buffers)"},
     {"reset_peak", py_reset_peak, METH_VARARGS, "reset_peak(device)"},
+    {"set_mem_limit", py_set_mem_limit, METH_VARARGS, "set_mem_limit(device, bytes): -1 for none"},
     {"manual_seed", py_manual_seed, METH_VARARGS, "manual_seed(device, seed)"},
     {"initial_seed", py_initial_seed, METH_VARARGS, "initial_seed(device) -> seed"},
     {"stats", py_stats, METH_NOARGS, "eager engine counters"},

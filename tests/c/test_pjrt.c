@@ -378,6 +378,44 @@ TEST(test_execute_two_outputs) {
   tp_exec_free(e);
 }
 
+/* A memory limit refuses uploads, copies and executions that would pass it,
+ * before they happen: a donated input survives a refused execution. */
+TEST(test_memory_limit) {
+  tp_exec *e = compile(kAddInPlace);
+  if (!e) return;
+  tp_buffer *a = make_f32(0, kA, k2x3, 2);
+  tp_buffer *b = make_f32(0, kB, k2x3, 2);
+  tp_mem_stats m;
+  CHECK_OK(tp_plugin_mem_stats(P, 0, &m));
+  CHECK_EQ_INT(m.bytes_limit, -1);
+  CHECK_OK(tp_plugin_set_mem_limit(P, 0, m.bytes_in_use + 12)); /* less than one more 2x3 f32 */
+  tp_buffer *args[2] = {a, b};
+  tp_buffer *out[1] = {NULL};
+  tp_buffer *c = NULL;
+  CHECK_OK(tp_execute(e, 0, args, 2, 1u << 0, out, 1)); /* donated: needs nothing more */
+  tp_buffer_free(out[0]);
+  out[0] = NULL;
+  tp_buffer_free(a);
+  a = make_f32(0, kA, k2x3, 2);
+  args[0] = a;
+  CHECK_ERR(tp_execute(e, 0, args, 2, 0, out, 1), TP_RESOURCE_EXHAUSTED); /* 24 more bytes */
+  CHECK(out[0] == NULL);
+  float r[6] = {0};
+  CHECK_OK(tp_buffer_to_host(a, r, sizeof r));
+  CHECK(r[5] == 6);
+  CHECK_ERR(tp_buffer_from_host(P, 0, TP_F32, k2x3, 2, kA, &c), TP_RESOURCE_EXHAUSTED);
+  CHECK(c == NULL);
+  CHECK_OK(tp_buffer_from_host(P, 1, TP_F32, k2x3, 2, kA, &c)); /* another device: no limit */
+  tp_buffer_free(c);
+  CHECK_OK(tp_plugin_set_mem_limit(P, 0, -1));
+  CHECK_OK(tp_execute(e, 0, args, 2, 0, out, 1));
+  tp_buffer_free(out[0]);
+  CHECK_ERR(tp_plugin_set_mem_limit(P, 9, 0), TP_OUT_OF_RANGE);
+  tp_buffer_free(a);
+  tp_buffer_free(b);
+  tp_exec_free(e);
+}
+
 /* Freeing inputs while the program that reads them may still run: the
  * outputs stay right, and the byte count drops at once (the PJRT buffers
  * are destroyed later, off the caller's thread). */
@@ -732,6 +770,7 @@ int main(void) {
   RUN(test_buffer_bad_input);
   RUN(test_copy_to_device);
   RUN(test_memory_stats);
+  RUN(test_memory_limit);
   RUN(test_execute_add);
   RUN(test_execute_two_outputs);
   RUN(test_free_while_running);

@@ -451,6 +451,21 @@ def test_bad_xla_flags_raise_instead_of_aborting(flag, says):
     assert last.startswith("RuntimeError: torch-pjrt: the PJRT plugin") and says in last and "XLA_FLAGS" in last
 
 
+def test_memory_stats_nested_peer_access_and_reset_cached():
+    x = torch.ones(1000, device="tpu")
+    nested = torch.tpu.memory_stats_as_nested_dict()
+    flat = torch.tpu.memory_stats()
+    assert nested["allocated_bytes"]["all"]["current"] == flat["allocated_bytes.all.current"] >= 4000
+    assert nested["num_ooms"] == flat["num_ooms"]
+    assert torch.tpu.can_device_access_peer(0, "tpu:0") is True
+    with pytest.raises(RuntimeError, match="Invalid device index"):
+        torch.tpu.can_device_access_peer(0, torch.tpu.device_count())
+    with pytest.warns(FutureWarning, match="reset_peak_memory_stats"):
+        torch.tpu.reset_max_memory_cached()
+    assert torch.tpu.max_memory_allocated() == torch.tpu.memory_allocated()
+    del x
+
+
 def test_per_process_memory_fraction():
     """As torch.cuda.set_per_process_memory_fraction: going over the cap
     raises torch.OutOfMemoryError before the op runs, nothing is lost, and

@@ -1,6 +1,7 @@
 """torch.tpu: the device module, shaped like torch.cuda."""
 import os
 import struct
+import warnings
 
 import torch
 
@@ -303,6 +304,33 @@ def set_per_process_memory_fraction(fraction, device=None) -> None:
 
 def get_per_process_memory_fraction(device=None) -> float:
     return _memory_fraction.get(_index(device), 1.0)
+
+
+def memory_stats_as_nested_dict(device=None) -> dict:
+    """memory_stats with its dotted keys nested, as torch.cuda's:
+    "allocated_bytes.all.current" is d["allocated_bytes"]["all"]["current"]."""
+    out = {}
+    for key, value in memory_stats(device).items():
+        *path, last = key.split(".")
+        d = out
+        for part in path:
+            d = d.setdefault(part, {})
+        d[last] = value
+    return out
+
+
+def can_device_access_peer(device, peer_device) -> bool:
+    """True for any two tpu devices: tensors copy between them directly
+    (PJRT device-to-device copies)."""
+    _index(device)
+    _index(peer_device)
+    return True
+
+
+def reset_max_memory_cached(device=None) -> None:
+    warnings.warn("torch.tpu.reset_max_memory_cached now calls torch.tpu.reset_peak_memory_stats, which resets "
+                  "/all/ peak memory stats.", FutureWarning, stacklevel=2)
+    reset_peak_memory_stats(device)
 
 
 def reset_max_memory_allocated(device=None) -> None:

@@ -1352,3 +1352,14 @@ def test_inplace_results_must_cast_to_self_like_cpu(case):
     t = torch.tensor([1, 2, 3], device="tpu")
     t.mul_(2).add_(torch.tensor(1, device="tpu")).index_add_(0, torch.tensor([0], device="tpu"), torch.tensor([5], device="tpu"))
     assert t.cpu().tolist() == [8, 5, 7]
+
+
+def test_python_ints_beyond_int64_wrap_like_cpu():
+    """2**63 .. 2**64-1 are uint64 scalars that int64 math wraps, as on the
+    CPU (the C++ fast path hands them to the Python kernel); 2**64 overflows."""
+    x = torch.tensor([1, 2, -5])
+    for fn in (lambda t: t + 2**63, lambda t: t * (2**64 - 1), lambda t: t - 2**63):
+        for _ in range(3):  # first calls, then the fast path's
+            check(fn, x)
+    with pytest.raises(OverflowError):
+        x.to("tpu") + 2**64

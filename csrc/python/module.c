@@ -800,7 +800,10 @@ static PyObject *py_fast_call(PyObject *self, PyObject *const *fa, Py_ssize_t nf
       ea[i].t = &refs[nrefs++];
     } else if (num[i] && (PyFloat_CheckExact(v) || PyLong_CheckExact(v) || PyBool_Check(v))) {
       fast_scalar(v, a);
-      if (PyErr_Occurred()) goto bail; /* an int beyond int64 */
+      if (PyErr_Occurred()) { /* an int beyond int64: the slow path takes it */
+        PyErr_Clear();
+        goto bail;
+      }
       k = Py_NewRef(by_value ? v : (PyObject *)Py_TYPE(v));
     } else if (v == Py_None) {
       a->kind = TP_ARG_NONE;

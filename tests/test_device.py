@@ -347,6 +347,39 @@ def test_unsupported_op_names_op_and_fallback():
     assert "aten::segment_reduce" in msg and "TORCH_PJRT_CPU_FALLBACK=1" in msg
 
 
+@pytest.mark.parametrize("case", ["coo", "csr", "dense_to_sparse", "embedding_sparse_grad", "nested", "quantized"])
+def test_other_layouts_raise_a_clear_error(case):
+    """Sparse, nested and quantized tensors have their own dispatch keys;
+    on tpu each raises NotImplementedError naming the layout and the way
+    out, not PyTorch's "Could not run ... 'Sparsetpu' backend"."""
+    import warnings
+
+    def embedding_sparse_grad():
+        emb = torch.nn.Embedding(5, 3, sparse=True).to("tpu")
+        emb(torch.tensor([1, 2], device="tpu")).sum().backward()
+
+    fns = {
+        "coo": lambda: torch.randn(3, 3).to_sparse().to("tpu"),
+        # a compressed or nested tensor can hold tpu components; its first op raises
+        "csr": lambda: torch.randn(3, 3).to_sparse_csr().to("tpu").to_dense(),
+        "dense_to_sparse": lambda: torch.randn(3, 3, device="tpu").to_sparse(),
+        "embedding_sparse_grad": embedding_sparse_grad,
+        "nested": lambda: torch.nested.nested_tensor([torch.randn(2), torch.randn(3)], device="tpu").unbind(),
+        "quantized": lambda: torch.quantize_per_tensor(torch.randn(3), 0.1, 0, torch.qint8).to("tpu"),
+    }
+    words = {"coo": ["sparse COO", ".to_dense()"], "csr": ["sparse compressed", ".to_dense()"],
+             "dense_to_sparse": ["sparse COO", "aten::_to_sparse"], "embedding_sparse_grad": ["sparse=False"],
+             "nested": ["nested", "to_padded_tensor"], "quantized": ["quantized", ".dequantize()"]}[case]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # beta/prototype warnings of these layouts
+        with pytest.raises(NotImplementedError) as info:
+            fns[case]()
+    msg = str(info.value)
+    assert "not supported on the tpu device" in msg and "Sparsetpu" not in msg, msg
+    for w in words:
+        assert w in msg, msg
+
+
 def test_cpu_fallback_runs_and_counts():
     x = torch.randn(4, 4)
     torch_pjrt.reset_cpu_fallback_counts()

@@ -1007,11 +1007,37 @@ _HOST_SAMPLERS = {n: _host_sampler(n) for n in
 
 def _unsupported(op):
     name = _qualname(op)
+    if name.startswith(("aten::_to_sparse", "aten::to_sparse")):  # dense -> sparse: the layout's error
+        return _layout_error(*_LAYOUT_KEYS["SparsePrivateUse1"], name)
     return NotImplementedError(
         f"The operator '{name}' is not currently implemented for the tpu device (torch-pjrt has no "
         f"lowering for it). To run it on the CPU instead, at a cost in speed, set the environment "
         f"variable TORCH_PJRT_CPU_FALLBACK=1 or call torch_pjrt.set_cpu_fallback(True)."
     )
+
+
+# Tensor layouts other than strided have their own dispatch keys; without a
+# kernel there PyTorch's error would name "Sparsetpu" and its build process.
+_LAYOUT_KEYS = {  # dispatch key: (layout, the way out)
+    "SparsePrivateUse1": ("sparse COO", "call .to_dense() first, or keep it on the CPU (nn.Embedding and "
+                          "nn.EmbeddingBag: sparse=False)"),
+    "SparseCsrPrivateUse1": ("sparse compressed (CSR/CSC/BSR/BSC)", "call .to_dense() first, or keep it on the CPU"),
+    "NestedTensorPrivateUse1": ("nested", "pad it into a dense tensor first (torch.nested.to_padded_tensor on "
+                                "the CPU) and pass a mask"),
+    "QuantizedPrivateUse1": ("quantized", "call .dequantize() first, or keep it on the CPU"),
+}
+
+
+def _layout_error(layout, hint, name):
+    return NotImplementedError(
+        f"{layout} tensors are not supported on the tpu device (in '{name}'): torch-pjrt "
+        f"holds dense (strided) tensors only; {hint}.")
+
+
+def _layout_fallback(layout, hint):
+    def refuse(op, *args, **kwargs):
+        raise _layout_error(layout, hint, _qualname(op))
+    return refuse
 
 
 # --------------------------------------------------------------------------
@@ -1256,6 +1282,8 @@ def install():
         return
     lib = torch.library.Library("_", "IMPL")
     lib.fallback(_fallback, "PrivateUse1")
+    for key, (layout, hint) in _LAYOUT_KEYS.items():
+        lib.fallback(_layout_fallback(layout, hint), key)
     _fallback_lib = lib
     impl = torch.library.Library("aten", "IMPL")
     for op in _direct_ops():

@@ -68,19 +68,19 @@ def get_batch(cfg: ResNetConfig, batch_size, generator):
     return x, y
 
 
-def train(device, steps, cfg=None, batch_size=8, lr=0.05, seed=0, compile=False):
+def train(device, steps, cfg=None, batch_size=8, lr=0.05, seed=0, compile=False, dtype=torch.float32):
     """SGD with momentum from a fixed seed (BatchNorm in train mode, so its
     running statistics are updated); returns (model, losses)."""
     cfg = cfg or ResNetConfig()
     torch.manual_seed(seed)
-    model = ResNet(cfg).to(device).train()
+    model = ResNet(cfg).to(device=device, dtype=dtype).train()
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, weight_decay=5e-4)
     fwd = torch.compile(model, backend="tpu") if compile else model
     gen = torch.Generator().manual_seed(seed)
     losses = []
     for _ in range(steps):
         x, y = get_batch(cfg, batch_size, gen)
-        _, loss = fwd(x.to(device), y.to(device))
+        _, loss = fwd(x.to(device=device, dtype=dtype), y.to(device))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()

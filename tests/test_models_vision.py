@@ -7,6 +7,7 @@ convolutions and reductions sum in another order than oneDNN's, so float32
 results differ in the last bits; a few optimizer steps on top of that stay far
 inside these bounds (measured: about 1e-7 relative on the losses)."""
 import contextlib
+import functools
 import os
 import sys
 
@@ -28,12 +29,32 @@ def _close_losses(a, b):
         assert abs(x - y) <= REL * abs(y), f"step {i}: {x} vs {y}"
 
 
-def _close_state(mt, mc):
-    """Parameters and buffers (BatchNorm running statistics and counters)."""
+def _close_state(mt, mc, ref64=None):
+    """Parameters and buffers (BatchNorm running statistics and counters).
+    Where ours and the CPU's differ beyond the tolerance, `ref64` (the same
+    training in float64) decides: ours must be no farther from it than the
+    CPU's.  The CPU's kernels differ between machines: on an AVX-512 AMD
+    EPYC, oneDNN's convolution weight gradient has 4x the rounding error of
+    PyTorch's reference kernel, which three momentum-SGD steps through
+    BatchNorm amplify past 1e-5 (the compiled ResNet was 2000x closer to
+    float64 than the CPU there)."""
     st, sc = mt.state_dict(), mc.state_dict()
     assert st.keys() == sc.keys()
     for k in sc:
-        torch.testing.assert_close(st[k].cpu(), sc[k], rtol=RTOL, atol=ATOL, msg=lambda m: f"{k}: {m}")
+        try:
+            torch.testing.assert_close(st[k].cpu(), sc[k], rtol=RTOL, atol=ATOL, msg=lambda m: f"{k}: {m}")
+        except AssertionError:
+            if ref64 is None or not sc[k].is_floating_point():
+                raise
+            r = ref64()[k].double()
+            ours, cpus = (st[k].cpu().double() - r).abs().max(), (sc[k].double() - r).abs().max()
+            assert ours <= cpus, f"{k}: differs from the CPU beyond tolerance and is farther from float64 ({ours} > {cpus})"
+
+
+@functools.cache
+def _resnet64(steps):
+    """State of resnet.train("cpu", steps) computed in float64."""
+    return resnet.train("cpu", steps, dtype=torch.float64)[0].state_dict()
 
 
 # --------------------------------------------------------------------------
@@ -58,7 +79,7 @@ def test_resnet_eager_matches_cpu():
     mt, tpu = resnet.train("tpu", 4)
     _close_losses(tpu, cpu)
     assert int(mt.stem[1].num_batches_tracked) == 4
-    _close_state(mt, mc)  # weights, momentum-SGD results, running mean/var
+    _close_state(mt, mc, lambda: _resnet64(4))  # weights, momentum-SGD results, running mean/var
     # eval mode: the running statistics normalise
     mc.eval(), mt.eval()
     with torch.no_grad():
@@ -72,9 +93,10 @@ def test_resnet_compiled_matches_cpu():
     with all_graphs_lowered():
         mt, tpu = resnet.train("tpu", 3, compile=True)
     _close_losses(tpu, cpu)
-    _close_state(mt, mc)  # running statistics come back from the compiled graphs too
+    _close_state(mt, mc, lambda: _resnet64(3))  # running statistics come back from the compiled graphs too
 
     x, _ = resnet.get_batch(mc.cfg, 4, torch.Generator().manual_seed(1))
+    mt.load_state_dict(mc.state_dict())  # the eval program, on the CPU's weights (not the drift above)
     mc.eval(), mt.eval()
     with torch.no_grad():
         ref, _ = mc(x)

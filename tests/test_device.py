@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 import time
+import warnings
 
 import pytest
 import torch
@@ -352,8 +353,6 @@ def test_other_layouts_raise_a_clear_error(case):
     """Sparse, nested and quantized tensors have their own dispatch keys;
     on tpu each raises NotImplementedError naming the layout and the way
     out, not PyTorch's "Could not run ... 'Sparsetpu' backend"."""
-    import warnings
-
     def embedding_sparse_grad():
         emb = torch.nn.Embedding(5, 3, sparse=True).to("tpu")
         emb(torch.tensor([1, 2], device="tpu")).sum().backward()

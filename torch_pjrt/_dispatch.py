@@ -1005,17 +1005,6 @@ _HOST_SAMPLERS = {n: _host_sampler(n) for n in
                   ("aten::_standard_gamma", "aten::_sample_dirichlet", "aten::poisson", "aten::binomial")}
 
 
-def _unsupported(op):
-    name = _qualname(op)
-    if name.startswith(("aten::_to_sparse", "aten::to_sparse")):  # dense -> sparse: the layout's error
-        return _layout_error(*_LAYOUT_KEYS["SparsePrivateUse1"], name)
-    return NotImplementedError(
-        f"The operator '{name}' is not currently implemented for the tpu device (torch-pjrt has no "
-        f"lowering for it). To run it on the CPU instead, at a cost in speed, set the environment "
-        f"variable TORCH_PJRT_CPU_FALLBACK=1 or call torch_pjrt.set_cpu_fallback(True)."
-    )
-
-
 # Tensor layouts other than strided have their own dispatch keys; without a
 # kernel there PyTorch's error would name "Sparsetpu" and its build process.
 _LAYOUT_KEYS = {  # dispatch key: (layout, the way out)
@@ -1038,6 +1027,17 @@ def _layout_fallback(layout, hint):
     def refuse(op, *args, **kwargs):
         raise _layout_error(layout, hint, _qualname(op))
     return refuse
+
+
+def _unsupported(op):
+    name = _qualname(op)
+    if name.startswith(("aten::_to_sparse", "aten::to_sparse")):  # dense -> sparse: the layout's error
+        return _layout_error(*_LAYOUT_KEYS["SparsePrivateUse1"], name)
+    return NotImplementedError(
+        f"The operator '{name}' is not currently implemented for the tpu device (torch-pjrt has no "
+        f"lowering for it). To run it on the CPU instead, at a cost in speed, set the environment "
+        f"variable TORCH_PJRT_CPU_FALLBACK=1 or call torch_pjrt.set_cpu_fallback(True)."
+    )
 
 
 # --------------------------------------------------------------------------

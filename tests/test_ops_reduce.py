@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 import torch_pjrt  # noqa: F401
 from torch_pjrt import _C
-from util import check
+from util import all_graphs_lowered, assert_close, check, lowered
 
 A = torch.ops.aten
 NAN, INF = float("nan"), float("inf")
@@ -24,7 +24,7 @@ LOWERED = [
     "aten::_log_softmax", "aten::_softmax_backward_data", "aten::_log_softmax_backward_data", "aten::mm",
     "aten::bmm", "aten::mv", "aten::dot", "aten::vdot", "aten::addmm", "aten::baddbmm", "aten::addmv",
     "aten::addbmm", "aten::_addmm_activation", "aten::sort", "aten::sort.stable", "aten::topk", "aten::kthvalue",
-    "aten::median", "aten::median.dim", "aten::nanmedian", "aten::nanmedian.dim", "aten::histc",
+    "aten::median", "aten::median.dim", "aten::nanmedian", "aten::nanmedian.dim", "aten::histc", "aten::_grouped_mm",
 ]
 
 
@@ -585,8 +585,41 @@ def test_histc_bad_range_raises_like_cpu(x, kw, msg):
         torch.histc(torch.tensor(x), **kw)
     with pytest.raises(RuntimeError, match=msg):
         torch.histc(torch.tensor(x, device="tpu"), **kw).cpu()
-    with pytest.raises(NotImplementedError, match="histogram_cpu.*Long"):
-        torch.histc(torch.arange(3, device="tpu"))
+    with pytest.raises(NotImplementedError, match="histogram_cpu.*Bool"):
+        torch.histc(torch.ones(3, dtype=torch.bool, device="tpu"))
+
+
+def _histc_int_ref(x, bins, lo, hi):
+    """CUDA's histc of integers (the CPU refuses them): bounds truncated to
+    integers, the data's range when equal, widened by 1 if still empty, and
+    bin (v - lo) * bins // (hi - lo) in integer arithmetic, v == hi last."""
+    lo, hi = int(lo), int(hi)
+    vals = x.flatten().tolist()
+    if lo == hi and vals:
+        lo, hi = min(vals), max(vals)
+    if lo == hi:
+        lo, hi = lo - 1, hi + 1
+    out = [0] * bins
+    for v in vals:
+        if lo <= v <= hi:
+            out[min((v - lo) * bins // (hi - lo), bins - 1)] += 1
+    return torch.tensor(out, dtype=x.dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.int16, torch.uint8])
+@pytest.mark.parametrize("bins, lo, hi", [(4, 0, 3), (7, 0, 6), (5, 0, 0), (3, 1.7, 5.2), (10, 2, 2), (3, 20, 30)])
+def test_histc_of_integers_counts_as_cuda_does(dtype, bins, lo, hi):
+    """Hugging Face's mixture-of-experts layers count tokens per expert with an
+    integer histc off the CPU; tpu counts them as CUDA does."""
+    x = torch.randint(0, 7, (3, 40), generator=torch.Generator().manual_seed(bins)).to(dtype)
+    got = torch.histc(x.to("tpu"), bins, lo, hi).cpu()
+    want = _histc_int_ref(x, bins, lo, hi)
+    assert got.dtype == dtype and torch.equal(got, want), (got, want)
+    if int(lo) != int(hi):  # with the range given, the float histogram of the truncated range agrees
+        assert torch.equal(got.long(), torch.histc(x.double(), bins, int(lo), int(hi)).long())
+    assert torch.equal(torch.histc(torch.tensor([3, 3, 3], dtype=dtype, device="tpu"), 4).cpu(),
+                       torch.tensor([0, 0, 3, 0], dtype=dtype))
+    assert torch.histc(torch.tensor([], dtype=dtype, device="tpu"), 4).cpu().tolist() == [0, 0, 0, 0]
 
 
 EMPTY_REDUCTIONS = {
@@ -634,3 +667,85 @@ def test_argument_errors_the_cpu_raises(case):
     e = torch.tensor([-1, 2, -1])
     assert torch.equal((2 ** e.to("tpu")).cpu(), 2 ** e)
     assert torch.equal((torch.tensor([1, 2, -1], device="tpu") ** e.to("tpu")).cpu(), torch.tensor([1, 2, -1]) ** e)
+
+
+# ---- torch._grouped_mm (mixture-of-experts layers) ---------------------------------------
+
+def _grouped_operands(case, dtype, seed=0):
+    """(mat_a, mat_b, offs) of each grouped product; shapes keep the CPU
+    kernel's 16-byte stride alignment.  Groups of 4, 0 (empty), 8 and 4."""
+    ends = torch.tensor([4, 4, 12, 16], dtype=torch.int32)
+    if case == "2d_3d":  # rows of mat_a by group, mat_b transposed as HF's experts pass it
+        return randn(16, 16, dtype=dtype, seed=seed), randn(4, 8, 16, dtype=dtype, seed=seed + 1).transpose(-2, -1), ends
+    if case == "3d_2d":  # columns of mat_b by group
+        return randn(4, 8, 16, dtype=dtype, seed=seed), randn(16, 16, dtype=dtype, seed=seed + 1), ends
+    if case == "2d_2d":  # the contraction by group: one [8, 16] product each
+        return randn(8, 16, dtype=dtype, seed=seed), randn(16, 16, dtype=dtype, seed=seed + 1), ends
+    return randn(4, 8, 16, dtype=dtype, seed=seed), randn(4, 16, 8, dtype=dtype, seed=seed + 1), None
+
+
+@pytest.mark.parametrize("case", ["2d_3d", "3d_2d", "2d_2d", "3d_3d"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("compiled", [False, True])
+def test_grouped_mm_matches_cpu(case, dtype, compiled):
+    """Eager and compiled, forward and both gradients, in every float dtype
+    (PyTorch's meta function admits only bfloat16, CUDA's kernel's rule; HF
+    calls it on tpu with float32 too), as one program, not the CPU kernel's
+    loop over host-side offsets."""
+    a, b, offs = _grouped_operands(case, dtype)
+    a.requires_grad_(dtype != torch.float16)  # the CPU's float16 mm has no backward here: forward only
+    b.requires_grad_(dtype != torch.float16)
+
+    def f(a, b, offs):
+        return F.grouped_mm(a, b, offs=offs)
+
+    if compiled:  # against eager CPU (compiling for the CPU takes bfloat16 only)
+        torch._dynamo.reset()
+        g = torch.compile(f, backend="tpu")
+        want = f(a, b, offs)
+        ta, tb = (x.detach().to("tpu").requires_grad_(x.requires_grad) for x in (a, b))
+        with all_graphs_lowered():
+            got = g(ta, tb, offs if offs is None else offs.to("tpu"))
+            assert_close(got, want)
+            if a.requires_grad:
+                ct = randn(*want.shape, dtype=dtype, seed=9)
+                want.backward(ct)
+                got.backward(ct.to("tpu"))
+                assert_close(ta.grad, a.grad)
+                assert_close(tb.grad, b.grad)
+    else:
+        with lowered() as names:
+            check(f, a, b, offs, grad=a.requires_grad)
+        assert "aten::_grouped_mm" in names
+
+
+def test_grouped_mm_rows_past_the_last_group_are_zero_and_nonfinite_values_stay_in_their_group():
+    a, b, _ = _grouped_operands("2d_2d", torch.float32)
+    b[0, 0] = float("inf")  # in group 0's contraction only
+    offs = torch.tensor([2, 6, 13], dtype=torch.int32)  # the contraction's last 3 columns belong to no group
+    got = F.grouped_mm(a.to("tpu"), b.to("tpu"), offs=offs.to("tpu")).cpu()
+    want = F.grouped_mm(a, b, offs=offs)
+    assert torch.isinf(got[0]).any() and torch.isfinite(got[1:]).all()
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5, equal_nan=True)
+    a, b, _ = _grouped_operands("2d_3d", torch.float32)
+    got = F.grouped_mm(a.to("tpu"), b[:3].to("tpu"), offs=torch.tensor([2, 5, 13], dtype=torch.int32, device="tpu"))
+    assert torch.equal(got[13:].cpu(), torch.zeros(3, 8))
+    torch.testing.assert_close(got[:13].cpu(), torch.cat([a[:2] @ b[0], a[2:5] @ b[1], a[5:13] @ b[2]]))
+
+
+@pytest.mark.parametrize("args, msg", [
+    (lambda: (randn(12, 16).half().long(), randn(4, 16, 8), torch.tensor([3, 6, 9, 12], dtype=torch.int32)),
+     "Expected mat_a to be Float32, BFloat16 or Float16"),
+    (lambda: (randn(12, 16), randn(4, 8, 8), torch.tensor([3, 6, 9, 12], dtype=torch.int32)),
+     "contraction dimension"),
+    (lambda: (randn(12, 16), randn(4, 16, 8), None), "Have to provide offsets"),
+    (lambda: (randn(12, 16), randn(4, 16, 8), torch.tensor([3, 6, 9, 12])), "Offsets have to be int32"),
+    (lambda: (randn(12, 16), randn(3, 16, 8), torch.tensor([3, 6, 9, 12], dtype=torch.int32)),
+     "matrix batch sizes have to match"),
+])
+def test_grouped_mm_bad_arguments_raise_the_cpu_message(args, msg):
+    a, b, offs = args()
+    with pytest.raises(RuntimeError, match=msg):
+        F.grouped_mm(a, b, offs=offs)
+    with pytest.raises(RuntimeError, match=msg):
+        F.grouped_mm(a.to("tpu"), b.to("tpu"), offs=None if offs is None else offs.to("tpu")).cpu()

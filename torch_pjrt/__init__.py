@@ -135,6 +135,7 @@ _compile.register()
 _compile._route_default_backend()
 _compile._skip_kernel_frames_on_compile()
 _compile._register_rng_hops()
+_compile._register_fake_kernels()
 compile_counts = _compile.compile_counts
 from .bucket import bucket  # noqa: E402,F401
 from . import _multiprocessing  # noqa: E402

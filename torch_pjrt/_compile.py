@@ -841,6 +841,29 @@ def _compile_graph(gm, example_inputs):
     return run
 
 
+def _register_fake_kernels():
+    """Fake-tensor rules (for tracing) of ops whose PyTorch meta function
+    describes another device's kernel: torch._grouped_mm's takes bfloat16 only,
+    as CUDA's kernel does, while tpu takes every float dtype.  Other devices
+    keep PyTorch's rule (NotImplemented passes them on)."""
+    from torch._subclasses import fake_impls
+
+    from ._dispatch import _meta_grouped_mm
+
+    grouped = torch.ops.aten._grouped_mm.default
+    if any(getattr(impl, "_tp", False) for _, impl in fake_impls.op_implementations_checks):
+        return
+
+    def grouped_mm(fake_mode, func, *args, **kwargs):
+        mat_a = args[0] if args else kwargs.get("self")
+        if getattr(mat_a, "device", None) is None or mat_a.device.type != "tpu":
+            return NotImplemented
+        return _meta_grouped_mm(*args, **kwargs)
+
+    grouped_mm._tp = True
+    fake_impls.op_implementations_checks.append((lambda func: func is grouped, grouped_mm))
+
+
 def _fftfreq(n, d=1.0, *, dtype=None, layout=None, device=None, pin_memory=None):
     # ATen's fft_fftfreq: arange(n), its upper half replaced by -(n//2)..-1, times 1/(n*d)
     k = torch.arange(n, dtype=torch.int64, device=device)

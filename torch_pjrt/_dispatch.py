@@ -403,6 +403,44 @@ def _meta_embedding_bag(forward_only):
     return meta
 
 
+def _meta_grouped_mm(mat_a, mat_b, offs=None, bias=None, out_dtype=None):
+    """torch._grouped_mm's output, with the checks of PyTorch's CPU kernel
+    (its messages) but not its 16-byte stride alignment, a constraint of the
+    CPU and CUDA kernels that tpu buffers do not have, nor the bfloat16-only
+    rule of PyTorch's meta function, which describes CUDA's kernel: on tpu it
+    takes float32, bfloat16 and float16 alike, eager and compiled, as Hugging
+    Face's mixture-of-experts layers expect of a "tpu" device.  Serves eager
+    mode (meta tensors) and tracing (fake tensors)."""
+    floats = (torch.float32, torch.bfloat16, torch.float16)
+    for name, m in (("mat_a", mat_a), ("mat_b", mat_b)):
+        torch._check(m.dtype in floats,
+                     lambda: f"Expected {name} to be Float32, BFloat16 or Float16 matrix, got {m.dtype}")
+        torch._check(m.dim() in (2, 3), lambda: f"{name} has to be 2 or 3d")
+    torch._check(mat_a.dtype == mat_b.dtype, lambda: f"expected mat_a and mat_b to have the same dtype, but got: "
+                                                     f"{mat_a.dtype} != {mat_b.dtype}")
+    a2, b2 = mat_a.dim() == 2, mat_b.dim() == 2
+    if not (a2 and b2):
+        torch._check(mat_a.shape[-1] == mat_b.shape[-2],
+                     lambda: "contraction dimension of mat_a and mat_b must match")
+    torch._check((offs is not None) == (a2 or b2), lambda: "Have to provide offsets if there is a 2d matrix, "
+                                                          "or no offset if both matrices are 3d")
+    if offs is not None:
+        torch._check(offs.dim() == 1, lambda: "offs has to be 1D")
+        torch._check(offs.dtype == torch.int32, lambda: "Offsets have to be int32")
+    torch._check(bias is None, lambda: "Bias not supported yet")
+    torch._check(out_dtype in (None, mat_a.dtype), lambda: "Grouped gemm output dtype must match `mat_a` dtype")
+    if a2 and b2:
+        shape = (offs.shape[0], mat_a.shape[0], mat_b.shape[1])
+    elif a2 or b2:
+        groups = mat_b.shape[0] if a2 else mat_a.shape[0]
+        torch._check(offs.shape[0] == groups, lambda: "matrix batch sizes have to match")
+        shape = (mat_a.shape[0], mat_b.shape[-1]) if a2 else (mat_a.shape[1], mat_b.shape[1])
+    else:
+        torch._check(mat_a.shape[0] == mat_b.shape[0], lambda: "batched dimension has to match")
+        shape = (mat_a.shape[0], mat_a.shape[1], mat_b.shape[-1])
+    return mat_a.new_empty(shape)
+
+
 def _like_self(self, *args, **kwargs):
     return torch.empty_like(self, memory_format=torch.contiguous_format)
 
@@ -418,6 +456,7 @@ _PY_META = {
     "aten::geqrf": _meta_geqrf, "aten::linalg_lstsq": _meta_lstsq,
     "aten::_cummax_helper": _no_outputs, "aten::_cummin_helper": _no_outputs,
     "aten::_logcumsumexp": _like_self,
+    "aten::_grouped_mm": _meta_grouped_mm,
     "aten::_embedding_bag": _meta_embedding_bag(False),
     "aten::_embedding_bag_forward_only": _meta_embedding_bag(True),
     "aten::multi_margin_loss_backward": lambda grad_output, self, *a, **k: _like_self(self),

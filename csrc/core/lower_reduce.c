@@ -859,6 +859,68 @@ static void plain_product(tp_emit *e, const tp_node *n, tp_val *o, int conj) {
 static void r_mm(tp_emit *e, const tp_node *n, tp_val *o) { plain_product(e, n, o, 0); }
 static void r_vdot(tp_emit *e, const tp_node *n, tp_val *o) { plain_product(e, n, o, 1); }
 
+/* Where index i of a [d0, d1] iota along `dim` lies in group g of offs (the
+ * groups' end offsets, i64 [G]): [offs[g-1], offs[g]), from 0 for g == 0. */
+static tp_val in_group(tp_emit *e, tp_val offs, int64_t g, int64_t d0, int64_t d1, int dim) {
+  int64_t dims[2] = {d0, d1};
+  tp_type it = tp_type_make(TP_I64, 2, dims);
+  tp_val at = em_iota(e, &it, dim);
+  tp_val end = em_reshape(e, em_slice(e, offs, &g, (int64_t[]){g + 1}, NULL), 0, NULL);
+  tp_val start = em_const_i(e, 0, TP_I64);
+  if (g > 0) start = em_reshape(e, em_slice(e, offs, (int64_t[]){g - 1}, &g, NULL), 0, NULL);
+  return em_binary(e, "stablehlo.and", em_compare(e, "GE", at, em_bcast_to(e, start, 2, dims)),
+                   em_compare(e, "LT", at, em_bcast_to(e, end, 2, dims)));
+}
+
+/* [K, N] matrix g of a [G, K, N] value. */
+static tp_val group_of(tp_emit *e, tp_val x, int64_t g) {
+  const tp_type *t = em_type(e, x);
+  int64_t st[3] = {g, 0, 0}, lim[3] = {g + 1, t->dims[1], t->dims[2]};
+  return em_reshape(e, em_slice(e, x, st, lim, NULL), 2, t->dims + 1);
+}
+
+/* torch._grouped_mm (mixture-of-experts layers): a matrix product per group,
+ * the groups given by offs, their end offsets along the ragged dim (rows of a
+ * 2-d mat_a against a 3-d mat_b, columns of a 2-d mat_b against a 3-d mat_a,
+ * the contraction of two 2-d matrices, one [M, N] result per group); two 3-d
+ * matrices are a batched product.  The offsets are data, so each group's
+ * product runs over the whole ragged dim and a select keeps its part: G times
+ * a dense product's work, in one program (PyTorch's CPU kernel copies offs to
+ * the host and multiplies slices).  Elements outside every group are zero
+ * (PyTorch leaves them uninitialised).  Strides need no 16-byte alignment, and
+ * float32 and float16 are taken as bfloat16 is. */
+static void r_grouped_mm(tp_emit *e, const tp_node *n, tp_val *o) {
+  if (!lw_same_dtypes(e, n, 0, 1)) return;
+  tp_dtype ct = lw_opmath(n->outs[0].dt);
+  tp_val a = mm_operand(e, n, 0, ct), b = mm_operand(e, n, 1, ct);
+  const tp_type *ta = em_type(e, a), *tb = em_type(e, b);
+  if (ta->rank == 3 && tb->rank == 3) {
+    o[0] = to_out(e, n, 0, product(e, n, a, b, 0));
+    return;
+  }
+  tp_val offs = em_convert(e, lw_value(e, n, 2), TP_I64);
+  int64_t G = em_type(e, offs)->dims[0];
+  tp_type rt = lw_out_as(n, 0, ct);
+  tp_val acc = em_full(e, 0, &rt), zero = em_const(e, 0, ct);
+  for (int64_t g = 0; g < G; g++) {
+    if (ta->rank == 2 && tb->rank == 3) { /* rows of a */
+      tp_val p = product(e, n, a, group_of(e, b, g), 0);
+      acc = em_select(e, in_group(e, offs, g, rt.dims[0], rt.dims[1], 0), p, acc);
+    } else if (ta->rank == 3) { /* columns of b */
+      tp_val p = product(e, n, group_of(e, a, g), b, 0);
+      acc = em_select(e, in_group(e, offs, g, rt.dims[0], rt.dims[1], 1), p, acc);
+    } else { /* the contraction: both operands masked, so inf or NaN elsewhere cannot leak in */
+      int64_t M = ta->dims[0], K = ta->dims[1], N = tb->dims[1];
+      tp_val am = em_select(e, in_group(e, offs, g, M, K, 1), a, em_bcast_to(e, zero, 2, ta->dims));
+      tp_val bm = em_select(e, in_group(e, offs, g, K, N, 0), b, em_bcast_to(e, zero, 2, tb->dims));
+      tp_val p = em_reshape(e, product(e, n, am, bm, 0), 3, (int64_t[]){1, M, N});
+      tp_val z = em_const_i(e, 0, TP_I64), st[3] = {em_const_i(e, g, TP_I64), z, z};
+      acc = em_dyn_update_slice(e, acc, p, st);
+    }
+  }
+  o[0] = to_out(e, n, 0, acc);
+}
+
 /* beta * self + alpha * (a @ b); beta == 0 ignores self and alpha == 0 the
  * product (NaNs included), as BLAS and PyTorch do.  act: 0 none, 1 relu, 2 gelu. */
 static void addprod(tp_emit *e, const tp_node *n, tp_val *o, int sum_batch, int act) {
@@ -1105,15 +1167,21 @@ static void r_nanmedian_dim(tp_emit *e, const tp_node *n, tp_val *o) { median_li
  * evaluated in x's dtype step by step (f16/bf16 round after each step, as
  * c10::Half arithmetic does), v == hi to the last bin.  A non-finite or
  * empty range raises at the next synchronisation (a device-side check). */
+static tp_val histc_int(tp_emit *e, const tp_node *n, tp_val flat, int64_t bins, int64_t N);
+
 static void r_histc(tp_emit *e, const tp_node *n, tp_val *o) {
   tp_val x = lw_value(e, n, 0);
   tp_dtype dt = dt_of(e, x), ct = lw_opmath(dt);
+  int64_t bins = n->outs[0].dims[0], N = tp_type_numel(em_type(e, x)), d0 = 0;
+  tp_val flat = em_reshape(e, x, 1, &N);
+  if (tp_dtype_is_int(dt)) {
+    o[0] = histc_int(e, n, flat, bins, N);
+    return;
+  }
   if (!tp_dtype_is_float(dt)) {
     o[0] = lw_not_for(e, "histogram_cpu", dt);
     return;
   }
-  int64_t bins = n->outs[0].dims[0], N = tp_type_numel(em_type(e, x)), d0 = 0;
-  tp_val flat = em_reshape(e, x, 1, &N);
   tp_val lo = num_arg(e, n, 2, TP_F64, 0), hi = num_arg(e, n, 3, TP_F64, 0);
   if (N > 0) { /* min == max: the data's range (NaN if any element is NaN, as aminmax gives) */
     tp_val v = em_convert(e, flat, TP_F64);
@@ -1152,6 +1220,42 @@ static void r_histc(tp_emit *e, const tp_node *n, tp_val *o) {
     hist = em_scatter_flat(e, hist, pos, em_full(e, 1, &(tp_type){dt, 1, {N}}), "stablehlo.add");
   }
   o[0] = em_slice(e, hist, &d0, &bins, (int64_t[]){1});
+}
+
+/* histc of integers, which PyTorch's CPU kernel refuses and its CUDA kernel
+ * counts (Hugging Face's mixture-of-experts layers call it so off the CPU):
+ * min and max truncated to int64, the data's range when they are equal (then
+ * widened by 1 each way if still empty), and an element v in [lo, hi] goes to
+ * bin (v - lo) * bins / (hi - lo) in int64 arithmetic, v == hi to the last.
+ * The counts have the input's dtype, as on CUDA. */
+static tp_val histc_int(tp_emit *e, const tp_node *n, tp_val flat, int64_t bins, int64_t N) {
+  tp_dtype dt = dt_of(e, flat);
+  int64_t d0 = 0;
+  tp_val lo = em_convert(e, num_arg(e, n, 2, TP_F64, 0), TP_I64);
+  tp_val hi = em_convert(e, num_arg(e, n, 3, TP_F64, 0), TP_I64);
+  tp_val v = em_convert(e, flat, TP_I64);
+  if (N > 0) {
+    tp_val same = em_compare(e, "EQ", lo, hi);
+    lo = em_select(e, same, em_reduce(e, v, highest(e, TP_I64), &d0, 1, "stablehlo.minimum"), lo);
+    hi = em_select(e, same, em_reduce(e, v, lowest(e, TP_I64), &d0, 1, "stablehlo.maximum"), hi);
+  }
+  tp_val eq = em_compare(e, "EQ", lo, hi);
+  lo = em_select(e, eq, sub(e, lo, kl(e, lo, 1)), lo);
+  hi = em_select(e, eq, add(e, hi, kl(e, hi, 1)), hi);
+  lw_check_text(e, n, em_convert(e, em_compare(e, "LT", lo, hi), TP_I64), 1, 2, TP_INVALID_ARGUMENT,
+                "torch.histc: max must be larger than min");
+  tp_type ht = tp_type_make(dt, 1, (int64_t[]){bins + 1});
+  tp_val hist = em_full(e, 0, &ht);
+  if (N > 0) {
+    tp_type it = tp_type_make(TP_I64, 1, &N);
+    tp_val lob = em_bcast_to(e, lo, 1, &N), hib = em_bcast_to(e, hi, 1, &N), nb = em_full(e, (double)bins, &it);
+    tp_val pos = dv(e, mul(e, sub(e, v, lob), nb), em_bcast_to(e, sub(e, hi, lo), 1, &N));
+    pos = em_select(e, em_compare(e, "EQ", pos, nb), em_full(e, (double)(bins - 1), &it), pos);
+    tp_val in = em_binary(e, "stablehlo.and", em_compare(e, "GE", v, lob), em_compare(e, "LE", v, hib));
+    pos = em_select(e, in, pos, nb); /* out of range: the extra bin, dropped */
+    hist = em_scatter_flat(e, hist, pos, em_full(e, 1, &(tp_type){dt, 1, {N}}), "stablehlo.add");
+  }
+  return em_slice(e, hist, &d0, &bins, (int64_t[]){1});
 }
 
 const tp_lower_entry tp_lower_reduce[] = {
@@ -1193,6 +1297,7 @@ const tp_lower_entry tp_lower_reduce[] = {
     {"aten::_log_softmax_backward_data", r_log_softmax_bw},
     {"aten::mm", r_mm},
     {"aten::bmm", r_mm},
+    {"aten::_grouped_mm", r_grouped_mm},
     {"aten::mv", r_mm},
     {"aten::dot", r_mm},
     {"aten::vdot", r_vdot},

@@ -412,6 +412,20 @@ def _import_with(env):
                           cwd=ROOT, timeout=120)
 
 
+def test_a_script_prints_nothing_to_stderr():
+    """The plugin's start-up INFO lines stay out of a script's output; the
+    user's TF_CPP_MIN_LOG_LEVEL still decides (0 shows them)."""
+    if os.environ.get("TORCH_PJRT_PLUGIN"):
+        pytest.skip("another plugin logs what it logs")
+    script = "import torch, torch_pjrt; print((torch.ones(3, device='tpu') * 2).sum().item())"
+    env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    quiet = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert quiet.returncode == 0 and quiet.stdout.strip() == "6.0" and quiet.stderr == "", quiet.stderr
+    loud = subprocess.run([sys.executable, "-c", script], env=dict(env, TF_CPP_MIN_LOG_LEVEL="0"),
+                          capture_output=True, text=True, timeout=120)
+    assert loud.returncode == 0 and "I0000" in loud.stderr
+
+
 def test_missing_plugin_is_a_clear_error():
     r = _import_with({"TORCH_PJRT_PLUGIN": "/nonexistent/libtpu.so"})
     assert r.returncode == 1

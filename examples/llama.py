@@ -1,5 +1,8 @@
 """A small Llama-style decoder: RMSNorm, rotary position embeddings,
-grouped-query attention and a SwiGLU MLP.  Random init from a config."""
+grouped-query attention and a SwiGLU MLP, or with n_experts > 0 a
+mixture of SwiGLU experts (Mixtral/Qwen-MoE style: top-k routing, tokens
+sorted by expert and multiplied with torch.nn.functional.grouped_mm).
+Random init from a config."""
 from dataclasses import dataclass
 
 import torch
@@ -18,6 +21,8 @@ class LlamaConfig:
     max_seq_len: int = 32
     rope_theta: float = 10000.0
     norm_eps: float = 1e-5
+    n_experts: int = 0  # 0: a dense MLP
+    top_k: int = 2
 
 
 class RMSNorm(nn.Module):
@@ -84,13 +89,43 @@ class FeedForward(nn.Module):
         return self.w2(F.silu(self.w1(x)) * self.w3(x))
 
 
+class Experts(nn.Module):
+    """Top-k routed SwiGLU experts, computed as Hugging Face's grouped-mm
+    path does: each token's k copies sorted by expert, the tokens per expert
+    counted with histc (of integers off the CPU, as on CUDA; the CPU's histc
+    takes floats only), their end offsets given to grouped_mm."""
+
+    def __init__(self, cfg: LlamaConfig):
+        super().__init__()
+        E, d, h = cfg.n_experts, cfg.dim, cfg.hidden_dim
+        self.top_k = cfg.top_k
+        self.router = nn.Linear(d, E, bias=False)
+        self.w1 = nn.Parameter(torch.randn(E, d, h) / d ** 0.5)
+        self.w3 = nn.Parameter(torch.randn(E, d, h) / d ** 0.5)
+        self.w2 = nn.Parameter(torch.randn(E, h, d) / h ** 0.5)
+
+    def forward(self, x):
+        shape, E = x.shape, self.w1.shape[0]
+        x = x.reshape(-1, shape[-1])
+        weights, ids = self.router(x).softmax(-1).topk(self.top_k, dim=-1)
+        weights = weights / weights.sum(-1, keepdim=True)
+        ids, perm = ids.flatten().sort(stable=True)
+        token = perm // self.top_k
+        counts = torch.histc(ids.float() if x.device.type == "cpu" else ids.int(), bins=E, min=0, max=E - 1)
+        offs = counts.cumsum(0, dtype=torch.int32)
+        xs = x[token]
+        hs = F.silu(F.grouped_mm(xs, self.w1, offs=offs)) * F.grouped_mm(xs, self.w3, offs=offs)
+        ys = F.grouped_mm(hs, self.w2, offs=offs) * weights.flatten()[perm].unsqueeze(-1)
+        return torch.zeros_like(x).index_add(0, token, ys).reshape(shape)
+
+
 class Block(nn.Module):
     def __init__(self, cfg: LlamaConfig):
         super().__init__()
         self.attn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.attn = Attention(cfg)
         self.ffn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
-        self.ffn = FeedForward(cfg)
+        self.ffn = Experts(cfg) if cfg.n_experts else FeedForward(cfg)
 
     def forward(self, x, cos, sin):
         x = x + self.attn(self.attn_norm(x), cos, sin)

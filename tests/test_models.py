@@ -27,6 +27,17 @@ def test_llama_eager_and_compiled_match_cpu():
     assert cpu[-1] < cpu[0] + 0.5  # sane values
 
 
+def test_mixture_of_experts_llama_eager_and_compiled_match_cpu():
+    """A Mixtral-style decoder (examples/llama.py with n_experts): top-2
+    routing, integer histc and grouped_mm on tpu, 10 AdamW steps."""
+    cfg = llama.LlamaConfig(n_experts=4)
+    cpu = llama.train("cpu", 10, cfg)
+    _close(llama.train("tpu", 10, cfg), cpu)
+    with all_graphs_lowered():
+        _close(llama.train("tpu", 10, cfg, compile=True), cpu)
+    assert cpu[-1] < cpu[0]
+
+
 def test_llama_forward_compiled_matches_cpu():
     cfg = llama.LlamaConfig()
     torch.manual_seed(0)

@@ -419,9 +419,8 @@ def _meta_grouped_mm(mat_a, mat_b, offs=None, bias=None, out_dtype=None):
     torch._check(mat_a.dtype == mat_b.dtype, lambda: f"expected mat_a and mat_b to have the same dtype, but got: "
                                                      f"{mat_a.dtype} != {mat_b.dtype}")
     a2, b2 = mat_a.dim() == 2, mat_b.dim() == 2
-    if not (a2 and b2):
-        torch._check(mat_a.shape[-1] == mat_b.shape[-2],
-                     lambda: "contraction dimension of mat_a and mat_b must match")
+    # (the CPU kernel checks two 2-d matrices only in its mm, with mm's message)
+    torch._check(mat_a.shape[-1] == mat_b.shape[-2], lambda: "contraction dimension of mat_a and mat_b must match")
     torch._check((offs is not None) == (a2 or b2), lambda: "Have to provide offsets if there is a 2d matrix, "
                                                           "or no offset if both matrices are 3d")
     if offs is not None:

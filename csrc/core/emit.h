@@ -51,6 +51,8 @@ int em_num_params(const tp_emit *e);
  * buffer reused for it): printed as tf.aliasing_output when the two types
  * are equal, ignored otherwise.  0, or -1 for bad numbers. */
 int em_param_alias(tp_emit *e, int param, int result);
+/* The type of v.  The pointer is valid until the next emission (the type
+ * table grows by realloc): copy the type, or what it needs, before emitting. */
 const tp_type *em_type(const tp_emit *e, tp_val v);
 /* Finish: `results` become the function's return values.  Returns the
  * whole module text (owned by the emitter) or NULL on error. */

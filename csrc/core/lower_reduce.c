@@ -874,9 +874,10 @@ static tp_val in_group(tp_emit *e, tp_val offs, int64_t g, int64_t d0, int64_t d
 
 /* [K, N] matrix g of a [G, K, N] value. */
 static tp_val group_of(tp_emit *e, tp_val x, int64_t g) {
-  const tp_type *t = em_type(e, x);
+  const tp_type *t = em_type(e, x); /* (valid until the next emission) */
   int64_t st[3] = {g, 0, 0}, lim[3] = {g + 1, t->dims[1], t->dims[2]};
-  return em_reshape(e, em_slice(e, x, st, lim, NULL), 2, t->dims + 1);
+  tp_val m = em_slice(e, x, st, lim, NULL);
+  return em_reshape(e, m, 2, lim + 1);
 }
 
 /* torch._grouped_mm (mixture-of-experts layers): a matrix product per group,
@@ -893,8 +894,8 @@ static void r_grouped_mm(tp_emit *e, const tp_node *n, tp_val *o) {
   if (!lw_same_dtypes(e, n, 0, 1)) return;
   tp_dtype ct = lw_opmath(n->outs[0].dt);
   tp_val a = mm_operand(e, n, 0, ct), b = mm_operand(e, n, 1, ct);
-  const tp_type *ta = em_type(e, a), *tb = em_type(e, b);
-  if (ta->rank == 3 && tb->rank == 3) {
+  const tp_type ta = *em_type(e, a), tb = *em_type(e, b); /* copies: emitting moves the value table */
+  if (ta.rank == 3 && tb.rank == 3) {
     o[0] = to_out(e, n, 0, product(e, n, a, b, 0));
     return;
   }
@@ -903,16 +904,16 @@ static void r_grouped_mm(tp_emit *e, const tp_node *n, tp_val *o) {
   tp_type rt = lw_out_as(n, 0, ct);
   tp_val acc = em_full(e, 0, &rt), zero = em_const(e, 0, ct);
   for (int64_t g = 0; g < G; g++) {
-    if (ta->rank == 2 && tb->rank == 3) { /* rows of a */
+    if (ta.rank == 2 && tb.rank == 3) { /* rows of a */
       tp_val p = product(e, n, a, group_of(e, b, g), 0);
       acc = em_select(e, in_group(e, offs, g, rt.dims[0], rt.dims[1], 0), p, acc);
-    } else if (ta->rank == 3) { /* columns of b */
+    } else if (ta.rank == 3) { /* columns of b */
       tp_val p = product(e, n, group_of(e, a, g), b, 0);
       acc = em_select(e, in_group(e, offs, g, rt.dims[0], rt.dims[1], 1), p, acc);
     } else { /* the contraction: both operands masked, so inf or NaN elsewhere cannot leak in */
-      int64_t M = ta->dims[0], K = ta->dims[1], N = tb->dims[1];
-      tp_val am = em_select(e, in_group(e, offs, g, M, K, 1), a, em_bcast_to(e, zero, 2, ta->dims));
-      tp_val bm = em_select(e, in_group(e, offs, g, K, N, 0), b, em_bcast_to(e, zero, 2, tb->dims));
+      int64_t M = ta.dims[0], K = ta.dims[1], N = tb.dims[1];
+      tp_val am = em_select(e, in_group(e, offs, g, M, K, 1), a, em_bcast_to(e, zero, 2, ta.dims));
+      tp_val bm = em_select(e, in_group(e, offs, g, K, N, 0), b, em_bcast_to(e, zero, 2, tb.dims));
       tp_val p = em_reshape(e, product(e, n, am, bm, 0), 3, (int64_t[]){1, M, N});
       tp_val z = em_const_i(e, 0, TP_I64), st[3] = {em_const_i(e, g, TP_I64), z, z};
       acc = em_dyn_update_slice(e, acc, p, st);

@@ -215,9 +215,11 @@ const char *em_finish(tp_emit *e, const tp_val *results, int n) {
 
 /* Write "%vN = "name"(ins) {attrs} : (in types) -> out type" */
 static tp_val emit_line(tp_emit *e, const char *name, const char *attrs, const tp_val *in, int nin,
-                        const tp_type *out) {
+                        const tp_type *out_in) {
   for (int i = 0; i < nin; i++)
     if (bad(e, in[i])) return -1;
+  tp_type o = *out_in; /* out_in may point into e->types, which new_val moves */
+  const tp_type *out = &o;
   tp_val v = new_val(e, out);
   if (v < 0) return v;
   char tb[256];

@@ -62,14 +62,13 @@ static tp_val bmap(tp_emit *e, tp_val x, const tp_type *like, const int64_t *map
 }
 static tp_val sel(tp_emit *e, tp_val p, tp_val a, tp_val b) {
   /* broadcast rank-0 operands to the largest operand */
-  const tp_type *tp = ty(e, p), *ta = ty(e, a), *tb = ty(e, b);
-  const tp_type *big = tp;
-  if (ta->rank > big->rank) big = ta;
-  if (tb->rank > big->rank) big = tb;
-  tp_type t = *big;
-  if (tp->rank == 0 && t.rank) p = em_bcast_to(e, p, t.rank, t.dims);
-  if (ta->rank == 0 && t.rank) a = em_bcast_to(e, a, t.rank, t.dims);
-  if (tb->rank == 0 && t.rank) b = em_bcast_to(e, b, t.rank, t.dims);
+  tp_type tp = *ty(e, p), ta = *ty(e, a), tb = *ty(e, b); /* copies: emitting moves the type table */
+  tp_type t = tp;
+  if (ta.rank > t.rank) t = ta;
+  if (tb.rank > t.rank) t = tb;
+  if (tp.rank == 0 && t.rank) p = em_bcast_to(e, p, t.rank, t.dims);
+  if (ta.rank == 0 && t.rank) a = em_bcast_to(e, a, t.rank, t.dims);
+  if (tb.rank == 0 && t.rank) b = em_bcast_to(e, b, t.rank, t.dims);
   return em_select(e, p, a, b);
 }
 
@@ -216,7 +215,7 @@ static tp_val sgn1(tp_emit *e, tp_val x) {
 static tp_val mat_arg(tp_emit *e, const tp_node *n, int i, int64_t *B, int64_t *m, int64_t *k) {
   const tp_arg *a = lw_arg(n, i);
   if (a->kind != TP_ARG_TENSOR) return em_fail(e, TP_INVALID_ARGUMENT, "%s: argument %d must be a tensor", n->op, i);
-  const tp_type *t = ty(e, a->v);
+  tp_type tt = *ty(e, a->v), *t = &tt; /* a copy: lw_tensor emits, which moves the type table */
   if (t->rank < 2)
     return em_fail(e, TP_INVALID_ARGUMENT, "%s: expected a tensor with 2 or more dimensions, got %d", n->op, t->rank);
   tp_val v = lw_tensor(e, n, i, WDT);
@@ -397,8 +396,8 @@ static lu_res lu_factor(tp_emit *e, tp_val A) {
 /* Solve op(T) X = Y (left) or X op(T) = Y (right) for triangular T [B,k,k];
  * only T's `lower` triangle is read; unit: diagonal taken as 1. */
 static tp_val trsolve(tp_emit *e, tp_val T, tp_val Y, int left, int lower, int unit, int transpose) {
-  const tp_type *ty_ = ty(e, Y);
-  if (tp_type_numel(ty_) == 0 || tp_type_numel(ty(e, T)) == 0) return Y;
+  tp_type out = *ty(e, Y); /* a copy: tri and set_diag_one emit */
+  if (tp_type_numel(&out) == 0 || tp_type_numel(ty(e, T)) == 0) return Y;
   T = tri(e, T, lower, 0);
   if (unit) T = set_diag_one(e, T);
   char attrs[256];
@@ -407,7 +406,6 @@ static tp_val trsolve(tp_emit *e, tp_val T, tp_val Y, int left, int lower, int u
            left ? "true" : "false", lower ? "true" : "false", unit ? "true" : "false",
            transpose ? "TRANSPOSE" : "NO_TRANSPOSE");
   tp_val in[2] = {T, Y};
-  tp_type out = *ty_;
   return em_op(e, "stablehlo.triangular_solve", attrs, in, 2, &out);
 }
 
@@ -960,9 +958,8 @@ static tp_val rank_matrix(tp_emit *e, tp_val x, int descending) {
 /* x [B,len] and the columns of M [B,r,len] reordered by S (exact: one 1 per row/col). */
 static tp_val reorder_vec(tp_emit *e, tp_val x, tp_val S) {
   const tp_type *t = ty(e, x);
-  int64_t d3[3] = {t->dims[0], 1, t->dims[1]};
+  int64_t d3[3] = {t->dims[0], 1, t->dims[1]}, d2[2] = {t->dims[0], t->dims[1]};
   tp_val r = bmm(e, em_reshape(e, x, 3, d3), S);
-  int64_t d2[2] = {t->dims[0], t->dims[1]};
   return em_reshape(e, r, 2, d2);
 }
 
@@ -992,7 +989,8 @@ static void eigh(tp_emit *e, tp_val A, int want_v, tp_val *w_out, tp_val *v_out)
     tp_val dp = gather_vec(e, dv, part);
     tp_val app = em_select(e, lower, dv, dp), aqq = em_select(e, lower, dp, dv);
     tp_val apq = gather_pairs(e, M, pi, qi);
-    tp_val paired = bmap(e, em_compare(e, "NE", idx, part), ty(e, dv), (const int64_t[]){1});
+    tp_val ne = em_compare(e, "NE", idx, part);
+    tp_val paired = bmap(e, ne, ty(e, dv), (const int64_t[]){1});
     tp_val active = land(e, paired, cmp(e, "NE", apq, kf(e, 0)));
     tp_val z = dvd(e, sub(e, aqq, app), mul(e, kf(e, 2), sel(e, active, apq, kf(e, 1))));
     tp_val c, s;
@@ -1065,10 +1063,12 @@ static void svd_tall(tp_emit *e, tp_val A, int64_t ucols, int want_uv, tp_val *s
     tp_val idx = em_iota(e, &it, 0);
     tp_val Mp = gather_dim(e, M, part, 2); /* partner columns */
     tp_val nrm2 = sum_dim(e, mul(e, M, M), 1), ga = sum_dim(e, mul(e, M, Mp), 1); /* [B,n] */
-    tp_val lower = bmap(e, em_compare(e, "LT", idx, part), ty(e, nrm2), (const int64_t[]){1});
+    tp_val lt = em_compare(e, "LT", idx, part);
+    tp_val lower = bmap(e, lt, ty(e, nrm2), (const int64_t[]){1});
     tp_val np2 = gather_vec(e, nrm2, part);
     tp_val al = em_select(e, lower, nrm2, np2), be = em_select(e, lower, np2, nrm2);
-    tp_val paired = bmap(e, em_compare(e, "NE", idx, part), ty(e, nrm2), (const int64_t[]){1});
+    tp_val ne = em_compare(e, "NE", idx, part);
+    tp_val paired = bmap(e, ne, ty(e, nrm2), (const int64_t[]){1});
     tp_val active = land(e, paired, cmp(e, "NE", ga, kf(e, 0)));
     tp_val z = dvd(e, sub(e, be, al), mul(e, kf(e, 2), sel(e, active, ga, kf(e, 1))));
     tp_val c, s;
@@ -1194,7 +1194,8 @@ static void r_lstsq(tp_emit *e, const tp_node *n, tp_val *o) {
     em_fail(e, TP_INVALID_ARGUMENT, "%s: parameter `driver` should be one of (gels, gelsy, gelsd, gelss)", n->op);
     return;
   }
-  const tp_type *at = ty(e, lw_arg(n, 0)->v), *bt = ty(e, lw_arg(n, 1)->v);
+  tp_type att = *ty(e, lw_arg(n, 0)->v), btt = *ty(e, lw_arg(n, 1)->v); /* copies: the rule emits */
+  const tp_type *at = &att, *bt = &btt;
   int vec = bt->rank == at->rank - 1;
   int64_t m = at->dims[at->rank - 2], nn = at->dims[at->rank - 1], k = m < nn ? m : nn;
   int64_t ncol = vec ? 1 : bt->dims[bt->rank - 1];

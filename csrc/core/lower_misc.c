@@ -182,8 +182,8 @@ static tp_val pnorm_last(tp_emit *e, tp_val d, double p) {
     tp_val m = em_reduce(e, a, zero, &last, 1, "stablehlo.maximum");
     tp_val nan = em_reduce(e, em_convert(e, em_compare(e, "NE", d, d), TP_U8), em_const(e, 0, TP_U8), &last, 1,
                            "stablehlo.maximum");
-    tp_type mt = *em_type(e, m);
-    return em_select(e, em_compare(e, "NE", nan, em_full(e, 0, em_type(e, nan))), em_full(e, NAN, &mt), m);
+    tp_type mt = *em_type(e, m), nt0 = *em_type(e, nan);
+    return em_select(e, em_compare(e, "NE", nan, em_full(e, 0, &nt0)), em_full(e, NAN, &mt), m);
   }
   tp_val s = em_reduce(e, em_binary(e, "stablehlo.power", a, em_full(e, p, &t)), zero, &last, 1, "stablehlo.add");
   tp_type st = *em_type(e, s);
@@ -462,7 +462,8 @@ static void r_embedding_renorm(tp_emit *e, const tp_node *n, tp_val *o) {
   tp_val hit = em_binary(e, "stablehlo.and", em_compare(e, "NE", used, em_full(e, 0, &nt)),
                          em_compare(e, "GT", nd, em_full(e, max_norm, &n64)));
   /* the kernel's row *= scale casts the (double) scale to self's dtype */
-  tp_val f = em_select(e, hit, em_convert(e, em_round_to(e, scale, wt.dt), ct), em_full(e, 1, em_type(e, nrm)));
+  tp_type nrmt = *em_type(e, nrm);
+  tp_val f = em_select(e, hit, em_convert(e, em_round_to(e, scale, wt.dt), ct), em_full(e, 1, &nrmt));
   int64_t m0 = 0;
   tp_type wct = wt;
   wct.dt = ct;

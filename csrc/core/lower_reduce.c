@@ -560,7 +560,7 @@ typedef tp_val (*scan_fn)(tp_emit *e, tp_val a, tp_val b, const char *op);
 static tp_val scan_binop(tp_emit *e, tp_val a, tp_val b, const char *op) { return em_binary(e, op, a, b); }
 
 static tp_val scan2(tp_emit *e, tp_val v, scan_fn comb, const char *op, double ident) {
-  const tp_type *t = em_type(e, v);
+  tp_type tt = *em_type(e, v), *t = &tt; /* a copy: the scan emits */
   int64_t R = t->dims[0], L = t->dims[1];
   if (L <= 1 || em_failed(e)) return v;
   int64_t B = L < SCAN_B ? L : SCAN_B, M = (L + B - 1) / B;

@@ -843,7 +843,7 @@ typedef struct iplan {
 /* Read the Tensor?[] argument `ai` indexing `x`.  Returns 0 on error (recorded). */
 static int index_plan(tp_emit *e, const tp_node *n, tp_val x, int ai, iplan *p, int allow_mask) {
   memset(p, 0, sizeof *p);
-  const tp_type *xt = em_type(e, x);
+  tp_type xtt = *em_type(e, x), *xt = &xtt; /* a copy: the plan emits */
   const tp_arg *L = lw_arg(n, ai);
   if (L->kind == TP_ARG_NONE) return 1;
   if (L->kind != TP_ARG_TENSORS) {
@@ -1524,7 +1524,8 @@ static void r_embedding_bag(tp_emit *e, const tp_node *n, tp_val *o) {
     tp_val rows = em_convert(e, bag_rows(e, n, w, idx), ct); /* (L, D) */
     if (has_psw) {
       int64_t m0 = 0;
-      rows = mul(e, rows, em_bcast_in_dim(e, lw_tensor(e, n, 6, ct), em_type(e, rows), &m0));
+      tp_val psw = lw_tensor(e, n, 6, ct);
+      rows = mul(e, rows, em_bcast_in_dim(e, psw, em_type(e, rows), &m0));
     }
     tp_type st = lw_out_as(n, 0, ct);
     tp_val sum = scatter_core(e, em_full(e, 0, &st), bag_lin(e, row_of, B, D), rows, RED_SUM, 1);

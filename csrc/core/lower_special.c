@@ -555,10 +555,11 @@ static tp_val zeta64(tp_emit *e, tp_val x, tp_val q) {
   em_loop L;
   if (em_while_begin(e, &L, init, 4, av)) return -1;
   tp_val lt9 = cmp(e, "LT", av[0], em_const(e, 9, TP_F64));
-  tp_val more = or_(e, em_bcast_to(e, lt9, em_type(e, qs)->rank, em_type(e, qs)->dims), cmp(e, "LE", av[1], K(e, qs, 9)));
+  tp_type qst = *em_type(e, qs);
+  tp_val more = or_(e, em_bcast_to(e, lt9, qst.rank, qst.dims), cmp(e, "LE", av[1], K(e, qs, 9)));
   if (em_while_body(e, &L, any_(e, more), bv)) return -1;
   tp_val lt9b = cmp(e, "LT", bv[0], em_const(e, 9, TP_F64));
-  tp_val step = or_(e, em_bcast_to(e, lt9b, em_type(e, qs)->rank, em_type(e, qs)->dims), cmp(e, "LE", bv[1], K(e, qs, 9)));
+  tp_val step = or_(e, em_bcast_to(e, lt9b, qst.rank, qst.dims), cmp(e, "LE", bv[1], K(e, qs, 9)));
   tp_val a1 = add(e, bv[1], K(e, qs, 1));
   tp_val t = em_binary(e, "stablehlo.power", a1, nx);
   next[0] = add(e, bv[0], em_const(e, 1, TP_F64));

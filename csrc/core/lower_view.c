@@ -47,7 +47,7 @@ static void r_view_as_real(tp_emit *e, const tp_node *n, tp_val *o) {
 
 static void r_view_as_complex(tp_emit *e, const tp_node *n, tp_val *o) {
   tp_val x = lw_value(e, n, 0);
-  const tp_type *t = em_type(e, x);
+  tp_type tt = *em_type(e, x), *t = &tt; /* a copy: the loop emits */
   int64_t start[TP_MAX_RANK] = {0}, limit[TP_MAX_RANK], step[TP_MAX_RANK];
   for (int i = 0; i < t->rank; i++) {
     limit[i] = t->dims[i];
@@ -116,7 +116,7 @@ static void r_select(tp_emit *e, const tp_node *n, tp_val *o) {
 
 /* split.Tensor / split_with_sizes / unbind: consecutive slices along dim. */
 static void split_along(tp_emit *e, const tp_node *n, tp_val *o, int d, int squeeze) {
-  const tp_type *t = in_type(e, n);
+  tp_type tt = *in_type(e, n), *t = &tt; /* a copy: the loop emits */
   int64_t off = 0;
   for (int k = 0; k < n->nouts; k++) {
     int64_t len = squeeze ? 1 : n->outs[k].dims[d];
@@ -161,7 +161,7 @@ static void r_as_strided(tp_emit *e, const tp_node *n, tp_val *o) {
 
 /* diagonal(self, offset, dim1, dim2): gather along the two dims. */
 static void r_diagonal(tp_emit *e, const tp_node *n, tp_val *o) {
-  const tp_type *t = in_type(e, n);
+  tp_type tt = *in_type(e, n), *t = &tt; /* a copy: the rule emits */
   int64_t off = lw_int(n, 1, 0);
   int d1 = lw_dim(lw_int(n, 2, 0), t->rank), d2 = lw_dim(lw_int(n, 3, 1), t->rank);
   /* strides of the contiguous input */

@@ -30,6 +30,11 @@ def _load():
             f"torch-pjrt: the PJRT plugin {path} does not exist. Set TORCH_PJRT_PLUGIN to a PJRT "
             f"plugin (.so), or unset it to use the XLA CPU plugin (pip install xla-cpu-pjrt)."
         )
+    # The plugin logs INFO lines to stderr at start ("cpu_device_count set via
+    # create_options", absl's "All log messages before absl::InitializeLog()"):
+    # noise in every script's output.  Warnings and errors still show; set
+    # TF_CPP_MIN_LOG_LEVEL=0 to see everything.
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
     _plugin.set_default_xla_flags(path)
     _plugin.check_xla_flags(path, _C.__file__)
     try:

@@ -43,11 +43,6 @@ _CPU_XLA_FLAGS = "--xla_backend_extra_options=-disable-lsr"
 
 
 def set_default_xla_flags(path):
-    # The plugin logs INFO lines to stderr at start ("cpu_device_count set via
-    # create_options", absl's "All log messages before absl::InitializeLog()"):
-    # noise in every script's output.  Warnings and errors still show; set
-    # TF_CPP_MIN_LOG_LEVEL=0 to see everything.
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
     if path != default_plugin():
         return
     flags = os.environ.get("XLA_FLAGS", "")

@@ -1170,6 +1170,28 @@ static void r_nanmedian_dim(tp_emit *e, const tp_node *n, tp_val *o) { median_li
  * empty range raises at the next synchronisation (a device-side check). */
 static tp_val histc_int(tp_emit *e, const tp_node *n, tp_val flat, int64_t bins, int64_t N);
 
+/* histc's empty range [v, v] becomes [v - 1, v + 1]. */
+static void histc_widen(tp_emit *e, tp_val *lo, tp_val *hi) {
+  tp_val eq = em_compare(e, "EQ", *lo, *hi);
+  *lo = em_select(e, eq, sub(e, *lo, kl(e, *lo, 1)), *lo);
+  *hi = em_select(e, eq, add(e, *hi, kl(e, *hi, 1)), *hi);
+}
+
+/* The histogram of dtype dt of N bin positions (i64 [N], `bins` for the top
+ * of the range, which the last bin takes), counting those with `in` set. */
+static tp_val histc_count(tp_emit *e, tp_dtype dt, tp_val pos, tp_val in, int64_t bins, int64_t N) {
+  int64_t d0 = 0;
+  tp_type ht = tp_type_make(dt, 1, (int64_t[]){bins + 1}), it = tp_type_make(TP_I64, 1, &N);
+  tp_val hist = em_full(e, 0, &ht);
+  if (N > 0) {
+    tp_val nb = em_full(e, (double)bins, &it);
+    pos = em_select(e, em_compare(e, "EQ", pos, nb), em_full(e, (double)(bins - 1), &it), pos);
+    pos = em_select(e, in, pos, nb); /* out of range (or NaN): the extra bin, dropped */
+    hist = em_scatter_flat(e, hist, pos, em_full(e, 1, &(tp_type){dt, 1, {N}}), "stablehlo.add");
+  }
+  return em_slice(e, hist, &d0, &bins, (int64_t[]){1});
+}
+
 static void r_histc(tp_emit *e, const tp_node *n, tp_val *o) {
   tp_val x = lw_value(e, n, 0);
   tp_dtype dt = dt_of(e, x), ct = lw_opmath(dt);
@@ -1192,9 +1214,7 @@ static void r_histc(tp_emit *e, const tp_node *n, tp_val *o) {
     lo = em_select(e, same, nan_fix(e, v, dmin, &d0, 1), lo);
     hi = em_select(e, same, nan_fix(e, v, dmax, &d0, 1), hi);
   }
-  tp_val eq = em_compare(e, "EQ", lo, hi);
-  lo = em_select(e, eq, sub(e, lo, kl(e, lo, 1)), lo);
-  hi = em_select(e, eq, add(e, hi, kl(e, hi, 1)), hi);
+  histc_widen(e, &lo, &hi);
   tp_type bt = tp_type_make(TP_BOOL, 0, NULL);
   tp_val finite = em_binary(e, "stablehlo.and", em_op(e, "stablehlo.is_finite", NULL, &lo, 1, &bt),
                             em_op(e, "stablehlo.is_finite", NULL, &hi, 1, &bt));
@@ -1203,8 +1223,7 @@ static void r_histc(tp_emit *e, const tp_node *n, tp_val *o) {
                 "default, the range is the input's own, and the input holds inf or NaN)");
   lw_check_text(e, n, em_convert(e, em_compare(e, "LT", lo, hi), TP_I64), 1, 2, TP_INVALID_ARGUMENT,
                 "torch.histc: max must be larger than min");
-  tp_type ht = tp_type_make(dt, 1, (int64_t[]){bins + 1});
-  tp_val hist = em_full(e, 0, &ht);
+  tp_val pos = flat, in = flat; /* (unread when N == 0) */
   if (N > 0) {
     tp_type ft = tp_type_make(ct, 1, &N);
     lo = em_bcast_to(e, em_convert(e, em_convert(e, lo, dt), ct), 1, &N);
@@ -1213,14 +1232,10 @@ static void r_histc(tp_emit *e, const tp_node *n, tp_val *o) {
     tp_val q = em_round_to(e, sub(e, v, lo), dt);
     q = em_round_to(e, mul(e, q, em_full(e, (double)bins, &ft)), dt);
     q = em_round_to(e, dv(e, q, em_round_to(e, sub(e, hi, lo), dt)), dt);
-    tp_type it = tp_type_make(TP_I64, 1, &N);
-    tp_val pos = em_convert(e, q, TP_I64), nb = em_full(e, (double)bins, &it);
-    pos = em_select(e, em_compare(e, "EQ", pos, nb), em_full(e, (double)(bins - 1), &it), pos);
-    tp_val in = em_binary(e, "stablehlo.and", em_compare(e, "GE", v, lo), em_compare(e, "LE", v, hi));
-    pos = em_select(e, in, pos, nb); /* out of range (or NaN): the extra bin, dropped */
-    hist = em_scatter_flat(e, hist, pos, em_full(e, 1, &(tp_type){dt, 1, {N}}), "stablehlo.add");
+    pos = em_convert(e, q, TP_I64);
+    in = em_binary(e, "stablehlo.and", em_compare(e, "GE", v, lo), em_compare(e, "LE", v, hi));
   }
-  o[0] = em_slice(e, hist, &d0, &bins, (int64_t[]){1});
+  o[0] = histc_count(e, dt, pos, in, bins, N);
 }
 
 /* histc of integers, which PyTorch's CPU kernel refuses and its CUDA kernel
@@ -1240,23 +1255,17 @@ static tp_val histc_int(tp_emit *e, const tp_node *n, tp_val flat, int64_t bins,
     lo = em_select(e, same, em_reduce(e, v, highest(e, TP_I64), &d0, 1, "stablehlo.minimum"), lo);
     hi = em_select(e, same, em_reduce(e, v, lowest(e, TP_I64), &d0, 1, "stablehlo.maximum"), hi);
   }
-  tp_val eq = em_compare(e, "EQ", lo, hi);
-  lo = em_select(e, eq, sub(e, lo, kl(e, lo, 1)), lo);
-  hi = em_select(e, eq, add(e, hi, kl(e, hi, 1)), hi);
+  histc_widen(e, &lo, &hi);
   lw_check_text(e, n, em_convert(e, em_compare(e, "LT", lo, hi), TP_I64), 1, 2, TP_INVALID_ARGUMENT,
                 "torch.histc: max must be larger than min");
-  tp_type ht = tp_type_make(dt, 1, (int64_t[]){bins + 1});
-  tp_val hist = em_full(e, 0, &ht);
+  tp_val pos = v, in = v; /* (unread when N == 0) */
   if (N > 0) {
     tp_type it = tp_type_make(TP_I64, 1, &N);
-    tp_val lob = em_bcast_to(e, lo, 1, &N), hib = em_bcast_to(e, hi, 1, &N), nb = em_full(e, (double)bins, &it);
-    tp_val pos = dv(e, mul(e, sub(e, v, lob), nb), em_bcast_to(e, sub(e, hi, lo), 1, &N));
-    pos = em_select(e, em_compare(e, "EQ", pos, nb), em_full(e, (double)(bins - 1), &it), pos);
-    tp_val in = em_binary(e, "stablehlo.and", em_compare(e, "GE", v, lob), em_compare(e, "LE", v, hib));
-    pos = em_select(e, in, pos, nb); /* out of range: the extra bin, dropped */
-    hist = em_scatter_flat(e, hist, pos, em_full(e, 1, &(tp_type){dt, 1, {N}}), "stablehlo.add");
+    tp_val lob = em_bcast_to(e, lo, 1, &N), hib = em_bcast_to(e, hi, 1, &N);
+    pos = dv(e, mul(e, sub(e, v, lob), em_full(e, (double)bins, &it)), em_bcast_to(e, sub(e, hi, lo), 1, &N));
+    in = em_binary(e, "stablehlo.and", em_compare(e, "GE", v, lob), em_compare(e, "LE", v, hib));
   }
-  return em_slice(e, hist, &d0, &bins, (int64_t[]){1});
+  return histc_count(e, dt, pos, in, bins, N);
 }
 
 const tp_lower_entry tp_lower_reduce[] = {

@@ -17,32 +17,11 @@ static tp_type ty(tp_dtype dt, int rank, int64_t a, int64_t b, int64_t c) {
   int64_t d[3] = {a, b, c};
   return tp_type_make(dt, rank, d);
 }
-static tp_arg arg(tp_arg_kind kind) {
-  tp_arg a;
-  memset(&a, 0, sizeof a);
-  a.kind = kind;
-  return a;
-}
-static tp_arg a_int(int64_t i) {
-  tp_arg a = arg(TP_ARG_INT);
-  a.i = i;
-  return a;
-}
-static tp_arg a_bool(int b) {
-  tp_arg a = arg(TP_ARG_BOOL);
-  a.i = b;
-  return a;
-}
-static tp_arg a_float(double f) {
-  tp_arg a = arg(TP_ARG_FLOAT);
-  a.f = f;
-  return a;
-}
-static tp_arg a_str(const char *s) {
-  tp_arg a = arg(TP_ARG_STR);
-  a.s = s;
-  return a;
-}
+static tp_arg arg(tp_arg_kind kind) { return (tp_arg){.kind = kind}; }
+#define a_int(x) ((tp_arg){.kind = TP_ARG_INT, .i = (x)})
+#define a_bool(x) ((tp_arg){.kind = TP_ARG_BOOL, .i = (x)})
+#define a_float(x) ((tp_arg){.kind = TP_ARG_FLOAT, .f = (x)})
+#define a_str(x) ((tp_arg){.kind = TP_ARG_STR, .s = (x)})
 
 /* One rule on `nin` parameters of types ins; args[i] becomes tensor input
  * tensor_of[i] where that is >= 0; with list_at >= 0 the last nlist inputs

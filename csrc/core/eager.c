@@ -54,13 +54,23 @@ static void kb_put(kbuf *k, const void *d, size_t n) {
 
 static void kb_i64(kbuf *k, int64_t v) { kb_put(k, &v, sizeof v); }
 
+/* FNV-1a over 8-byte words (keys are mostly int64 fields), then the tail
+ * bytes: a compiled graph's key covers hundreds of tensors, and a byte at a
+ * time cost a fifth of its call.  Collisions only cost a memcmp. */
 static uint64_t hash_bytes(const unsigned char *p, size_t n) {
   uint64_t h = 1469598103934665603ull;
-  for (size_t i = 0; i < n; i++) {
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    uint64_t w;
+    memcpy(&w, p + i, 8);
+    h ^= w ^ (w >> 29);
+    h *= 1099511628211ull;
+  }
+  for (; i < n; i++) {
     h ^= p[i];
     h *= 1099511628211ull;
   }
-  return h;
+  return h ^ (h >> 32);
 }
 
 /* The key bytes of a non-tensor argument, shared by the program key and the
@@ -381,12 +391,15 @@ void tp_eager_number_int(tp_arg *a, int64_t v, int is_bool) {
 /* ---- the op being run ----------------------------------------------------------- */
 
 #define MAX_STORAGES 1024
+#define ST_LINEAR 16  /* up to this many storages, storage_index searches linearly; */
+#define ST_SLOTS 2048 /* past it, it hashes into this many slots (a power of two > 2 * MAX_STORAGES) */
 
 struct tp_lower_ctx {
   const tp_eager_arg *args;
   int nargs;
   int nst;
   tp_storage *st[MAX_STORAGES];
+  short st_slot[ST_SLOTS]; /* index + 1 of the storage hashed there; 0: empty (once nst > ST_LINEAR) */
   tp_dtype st_dt[MAX_STORAGES]; /* dtype of the storage's buffer */
   int64_t st_numel[MAX_STORAGES];
   tp_val st_param[MAX_STORAGES]; /* flat parameter, -1 until used */
@@ -403,16 +416,41 @@ struct tp_lower_ctx {
   struct pending_check *checks;
 };
 
+static size_t st_hash(const tp_storage *s) {
+  uint64_t v = (uint64_t)(uintptr_t)s;
+  v ^= v >> 17;
+  v *= 0x9E3779B97F4A7C15ull;
+  return (size_t)(v >> 40) & (ST_SLOTS - 1);
+}
+
+static void st_slot_put(tp_lower_ctx *c, int i) {
+  size_t h = st_hash(c->st[i]);
+  while (c->st_slot[h]) h = (h + 1) & (ST_SLOTS - 1);
+  c->st_slot[h] = (short)(i + 1);
+}
+
+/* The storage's index in the op's table, added if new.  An eager op has a
+ * few storages; a compiled graph's call hundreds, found through st_slot. */
 static int storage_index(tp_lower_ctx *c, tp_storage *s) {
-  for (int i = 0; i < c->nst; i++)
-    if (c->st[i] == s) return i;
+  if (c->nst <= ST_LINEAR) {
+    for (int i = 0; i < c->nst; i++)
+      if (c->st[i] == s) return i;
+  } else {
+    for (size_t h = st_hash(s); c->st_slot[h]; h = (h + 1) & (ST_SLOTS - 1))
+      if (c->st[c->st_slot[h] - 1] == s) return c->st_slot[h] - 1;
+  }
   if (c->nst == MAX_STORAGES) return -1;
-  c->st[c->nst] = s;
-  c->st_param[c->nst] = -1;
-  c->st_cur[c->nst] = -1;
-  c->st_read[c->nst] = 0;
-  c->st_zero[c->nst] = 0;
-  return c->nst++;
+  int i = c->nst++;
+  c->st[i] = s;
+  c->st_param[i] = -1;
+  c->st_cur[i] = -1;
+  c->st_read[i] = 0;
+  c->st_zero[i] = 0;
+  if (c->nst == ST_LINEAR + 1)
+    for (int j = 0; j < c->nst; j++) st_slot_put(c, j);
+  else if (c->nst > ST_LINEAR + 1)
+    st_slot_put(c, i);
+  return i;
 }
 
 static int push_param(tp_lower_ctx *c, src_kind k, int idx, tp_dtype dt) {
@@ -1513,6 +1551,7 @@ tp_status *tp_eager_run_rng(const char *op, const tp_eager_arg *args, int nargs,
   } else {
     g_ctx_busy = 1;
   }
+  if (c->nst > ST_LINEAR) memset(c->st_slot, 0, sizeof c->st_slot); /* the last op hashed its storages */
   c->nst = 0;
   c->nparams = 0; /* keeps its params and checks arrays for reuse */
   c->rng_used = 0;

@@ -79,6 +79,79 @@ TEST(test_add_with_views_and_scalars) {
   tp_storage_free(out);
 }
 
+/* An op over more storages than storage_index searches linearly (a
+ * compiled graph's hundreds): 40 one-element views, of 30 storages (every
+ * third storage given twice, at another offset), concatenated; then the same
+ * storages in another order hit the same program only where the pattern of
+ * which arguments share a storage matches. */
+TEST(test_many_storages_keep_their_identity) {
+  enum { N = 40 };
+  tp_storage *st[N];
+  tp_tensor_ref r[N];
+  const tp_tensor_ref *list[N];
+  int64_t one[1] = {1}, unit[1] = {1};
+  int ns = 0;
+  for (int i = 0; i < N; i++) {
+    int shared = i % 4 == 3; /* this one views the storage made just before */
+    if (!shared) {
+      st[ns] = tp_storage_new(0, 2 * sizeof(float));
+      float v[2] = {(float)(10 * i), (float)(10 * i + 1)};
+      int64_t two[1] = {2};
+      tp_tensor_ref w = ref(st[ns], 1, two, unit, 0);
+      CHECK_OK(tp_eager_write_host(&w, v));
+      ns++;
+    }
+    r[i] = ref(st[ns - 1], 1, one, unit, shared ? 1 : 0);
+    list[i] = &r[i];
+  }
+  tp_storage *out = tp_storage_new(0, N * sizeof(float));
+  int64_t osz[1] = {N};
+  tp_tensor_ref o = ref(out, 1, osz, unit, 0);
+  tp_eager_arg args[2];
+  memset(args, 0, sizeof args);
+  args[0].a.kind = TP_ARG_TENSORS;
+  args[0].a.n = N;
+  args[0].ts = list;
+  args[1].a.kind = TP_ARG_INT;
+  args[1].a.i = 0;
+  CHECK_OK(tp_eager_run("aten::cat", args, 2, NULL, &o, 1));
+  float got[N];
+  CHECK_OK(tp_eager_read_host(&o, got));
+  int ok = 1;
+  for (int i = 0; i < N; i++) ok &= got[i] == (float)(i % 4 == 3 ? 10 * (i - 1) + 1 : 10 * i);
+  CHECK(ok);
+  /* The same call again: a cache hit; with the first two arguments swapped
+   * (two distinct storages): a hit as well, and the values follow. */
+  tp_eager_stats s0, s1;
+  tp_eager_get_stats(&s0);
+  CHECK_OK(tp_eager_run("aten::cat", args, 2, NULL, &o, 1));
+  list[0] = &r[1];
+  list[1] = &r[0];
+  CHECK_OK(tp_eager_run("aten::cat", args, 2, NULL, &o, 1));
+  tp_eager_get_stats(&s1);
+  CHECK_EQ_INT(s1.cache_hits, s0.cache_hits + 2);
+  CHECK_OK(tp_eager_read_host(&o, got));
+  CHECK(got[0] == 10.0f && got[1] == 0.0f && got[3] == 21.0f);
+  /* Argument 3 given its own storage instead of argument 2's: another
+   * aliasing pattern, another program. */
+  tp_storage *lone = tp_storage_new(0, 2 * sizeof(float));
+  float lv[2] = {-5, -6};
+  int64_t two[1] = {2};
+  tp_tensor_ref lw = ref(lone, 1, two, unit, 0);
+  CHECK_OK(tp_eager_write_host(&lw, lv));
+  tp_tensor_ref lr = ref(lone, 1, one, unit, 1);
+  list[3] = &lr;
+  tp_eager_get_stats(&s0);
+  CHECK_OK(tp_eager_run("aten::cat", args, 2, NULL, &o, 1));
+  tp_eager_get_stats(&s1);
+  CHECK_EQ_INT(s1.cache_misses, s0.cache_misses + 1);
+  CHECK_OK(tp_eager_read_host(&o, got));
+  CHECK(got[3] == -6.0f && got[7] == 61.0f);
+  for (int i = 0; i < ns; i++) tp_storage_free(st[i]);
+  tp_storage_free(lone);
+  tp_storage_free(out);
+}
+
 TEST(test_write_through_strided_view) {
   tp_storage *a = iota_storage();
   /* a[:, ::2] (3x2, strides 4,2, offset 0) and a[1:, 1] (2, stride 4, offset 5) */
@@ -246,6 +319,7 @@ int main(void) {
     return 1;
   }
   RUN(test_add_with_views_and_scalars);
+  RUN(test_many_storages_keep_their_identity);
   RUN(test_write_through_strided_view);
   RUN(test_uninitialised_storage_reads_zero);
   RUN(test_errors);

@@ -787,3 +787,147 @@ def test_as_strided_scatter_and_unfold_writes_in_memory_order():
                 got = torch.compile(f, backend="tpu")(xt, src.to("tpu"))
             torch.testing.assert_close(got.cpu(), want, rtol=1e-6, atol=1e-6, msg=f"fn {k}")
             torch.testing.assert_close(xt.cpu(), xc, rtol=1e-6, atol=1e-6, msg=f"input of fn {k}")
+
+
+def _programs(monkeypatch):
+    """The GraphPrograms built from here on."""
+    from torch_pjrt import _compile
+
+    built, init = [], _compile.GraphProgram.__init__
+
+    def record(self, *a, **k):
+        init(self, *a, **k)
+        built.append(self)
+
+    monkeypatch.setattr(_compile.GraphProgram, "__init__", record)
+    return built
+
+
+def test_saved_views_are_returned_as_views(monkeypatch):
+    """Tensors saved for the backward that view a weight (its transpose) or
+    another saved value (softmax's result, saved again cloned) come back as
+    views of it, as Inductor returns them, instead of a copy per output; the
+    training matches the CPU's."""
+    torch._dynamo.reset()
+    progs = _programs(monkeypatch)
+
+    def make(dev):
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Softmax(-1), torch.nn.Linear(16, 4)).to(dev)
+
+    mc, mt = make("cpu"), make("tpu")
+    cm = torch.compile(mt, backend="tpu")
+    x = torch.randn(5, 8)
+    xs = {dev: x.to(dev, copy=True).requires_grad_() for dev in ("cpu", "tpu")}  # both weights saved for its grad
+    for _ in range(2):
+        for m, f, dev in ((mc, mc, "cpu"), (mt, cm, "tpu")):
+            m.zero_grad()
+            xs[dev].grad = None
+            (f(xs[dev]) ** 2).sum().backward()
+    for pc, pt in zip([xs["cpu"], *mc.parameters()], [xs["tpu"], *mt.parameters()]):
+        torch.testing.assert_close(pt.grad.cpu(), pc.grad, rtol=1e-5, atol=1e-6)
+    fw = progs[0]
+    views = [k for k in fw.outputs if k[0] == "alias"]
+    assert sum(1 for k in views if k[1][0] == "in") == 2  # the two weights' transposes
+    assert len(fw.out_specs) + len(views) + sum(1 for k in fw.outputs if k[0] == "in") == len(fw.outputs)
+
+
+def test_outputs_alias_only_where_pytorch_does():
+    """Returned views of inputs stay views (they see a later in-place change
+    of the input, as on the CPU); two outputs of equal value that PyTorch
+    keeps apart (a value and its clone) stay apart; a view of an input the
+    graph writes shows the new value."""
+    torch._dynamo.reset()
+
+    def f(x, w):
+        s = torch.softmax(x @ w, -1)
+        return x.t(), s, s.clone(), w.view(-1)[2:]
+
+    def g(x):
+        x.mul_(2)
+        return x.view(-1)
+
+    x, w = torch.randn(3, 4), torch.randn(4, 4)
+    xt, wt = x.to("tpu").requires_grad_(), w.to("tpu")
+    xc = x.clone().requires_grad_()
+    got, want = torch.compile(f, backend="tpu")(xt, wt), f(xc, w)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a.detach().cpu(), b.detach(), rtol=1e-5, atol=1e-6)
+    got[2].detach().add_(1)  # the clone is its own tensor
+    torch.testing.assert_close(got[1].detach().cpu(), want[1].detach(), rtol=1e-5, atol=1e-6)
+    (got[1] * got[0].t()[:, :4]).sum().backward()
+    (want[1] * want[0].t()[:, :4]).sum().backward()
+    torch.testing.assert_close(xt.grad.cpu(), xc.grad, rtol=1e-5, atol=1e-6)
+    with torch.no_grad():
+        wt.add_(10)
+    torch.testing.assert_close(got[3].cpu(), (w + 10).view(-1)[2:])
+    y = torch.randn(2, 3)
+    yt = y.to("tpu")
+    out = torch.compile(g, backend="tpu")(yt)
+    torch.testing.assert_close(out.cpu(), (y * 2).view(-1))
+    torch.testing.assert_close(yt.cpu(), y * 2)
+
+
+def test_view_of_an_input_laid_out_otherwise_than_traced():
+    """A program output that views an input is made from the input at run
+    time; given an input of other strides than the traced one, the graph's
+    view ops are replayed on it."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from torch_pjrt import _compile
+
+    gm = make_fx(lambda a: (a.t()[1:], a * 2), tracing_mode="fake")(torch.randn(3, 4, device="tpu"))
+    prog = _compile.GraphProgram(gm, [])
+    assert prog.outputs[0][0] == "alias"
+    for a in (torch.randn(3, 4), torch.randn(4, 3).t(), torch.randn(3, 8)[:, 1::2]):
+        at = _on_tpu_like(a)
+        v, d = prog(at)
+        assert v.untyped_storage().data_ptr() == at.untyped_storage().data_ptr()
+        torch.testing.assert_close(v.cpu(), a.t()[1:])
+        torch.testing.assert_close(d.cpu(), a * 2)
+
+
+def _on_tpu_like(a):
+    """a copied to tpu with the same strides and storage offset."""
+    base = torch.empty(a.untyped_storage().nbytes() // a.element_size(), dtype=a.dtype)
+    base.as_strided(a.shape, a.stride(), a.storage_offset()).copy_(a)
+    return base.to("tpu").as_strided(a.shape, a.stride(), a.storage_offset())
+
+
+def test_optimizer_scalar_math_is_vectorized(monkeypatch):
+    """AdamW's bias corrections (a few scalar ops per parameter on its step
+    count) are computed once per parameter group on the packed step counts,
+    not once per parameter; the host part adds 1 to the step counts as one
+    op on their stack.  Two groups with different betas match the CPU."""
+    from torch_pjrt import _C
+
+    torch._dynamo.reset()
+    added = []
+    graph_add = _C.graph_add
+    monkeypatch.setattr(_C, "graph_add", lambda gid, op, *a: (added.append(op), graph_add(gid, op, *a))[1])
+    progs = _programs(monkeypatch)
+
+    def make(dev):
+        torch.manual_seed(0)
+        m = torch.nn.Sequential(*[torch.nn.Linear(6, 6) for _ in range(4)]).to(dev)
+        ps = list(m.parameters())
+        return m, torch.optim.AdamW([{"params": ps[:5]}, {"params": ps[5:], "betas": (0.8, 0.95), "lr": 3e-3}],
+                                    lr=1e-2)
+
+    (mc, oc), (mt, ot) = make("cpu"), make("tpu")
+    step = torch.compile(ot.step, backend="tpu")
+    x = torch.randn(3, 6)
+    for it in range(3):
+        for m, fn, dev in ((mc, oc.step, "cpu"), (mt, step, "tpu")):
+            m.zero_grad()
+            (m(x.to(dev)) ** 2).sum().backward()
+            if dev == "tpu" and it == 0:
+                added.clear()
+            fn()
+        if it == 0:  # pow(beta1, step) and pow(beta2, step), once per group
+            assert added.count("aten::pow.Scalar") == 4, added.count("aten::pow.Scalar")
+    for pc, pt in zip(mc.parameters(), mt.parameters()):
+        torch.testing.assert_close(pt.detach().cpu(), pc.detach(), rtol=1e-5, atol=1e-6)
+        if ot.state[pt]["step"].device.type == "cpu":  # Dynamo puts the first group's on the device (aot_eager too)
+            assert float(ot.state[pt]["step"]) == float(oc.state[pc]["step"]) == 3.0
+    code = progs[-1].host_gm.code
+    assert "_foreach_add" not in code and "_foreach_copy_" in code and "stack" in code

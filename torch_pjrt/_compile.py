@@ -17,7 +17,9 @@ import warnings
 import sys
 
 import torch
+from torch._functorch._aot_autograd.descriptors import SavedForBackwardsAOTOutput
 from torch._prims import rng_prims as _rng_prims
+from torch.multiprocessing.reductions import StorageWeakRef
 
 from . import _C, _composite
 from ._dispatch import _NUMBER_TYPES, _is_view, _qualname
@@ -213,6 +215,42 @@ def _view_root(x):
     return cur
 
 
+_ALIASING = (torch.ops.aten._unsafe_view.default, torch.ops.aten._reshape_alias.default)
+
+
+def _alias_chain(o):
+    """(root, chain) if graph output o is a chain of view ops on node root
+    (chain: the view nodes from root to o; a getitem of split/unbind
+    included) whose fake value shares root's storage and dtype, else None.
+    Such an output need not be a program output: it is root's tensor viewed,
+    as Inductor returns it (a saved weight's transpose, a value saved in two
+    shapes), which saves XLA a copy of it per output."""
+    chain, cur = [], o
+    while isinstance(cur, torch.fx.Node) and cur.op == "call_function":
+        src = cur.args[0] if cur.target is operator.getitem else cur
+        if not (isinstance(src, torch.fx.Node) and src.op == "call_function" and
+                isinstance(src.target, torch._ops.OpOverload) and (_is_view(src.target) or src.target in _ALIASING)
+                and isinstance(src.args[0], torch.fx.Node)
+                and not any(isinstance(a, torch.fx.Node) for a in (*src.args[1:], *src.kwargs.values()))):
+            break
+        chain += [cur] if cur is src else [cur, src]
+        cur = src.args[0]
+    v, r = o.meta.get("val"), cur.meta.get("val")
+    if (not chain or not isinstance(v, torch.Tensor) or not isinstance(r, torch.Tensor) or v.dtype != r.dtype
+            or v.device.type != "tpu" or r.device.type != "tpu"):
+        return None
+    if StorageWeakRef(v.untyped_storage()) != StorageWeakRef(r.untyped_storage()):
+        return None
+    return cur, chain[::-1]
+
+
+def _replay(t, chain):
+    """Graph nodes chain (view ops, getitems) applied to tensor t."""
+    for n in chain:
+        t = operator.getitem(t, n.args[1]) if n.target is operator.getitem else n.target(t, *n.args[1:], **n.kwargs)
+    return t
+
+
 def _memory_order(val):
     """The dims of val from the largest stride to the smallest, if val's
     elements fill the start of its storage (dense, no overlaps, offset 0):
@@ -341,20 +379,114 @@ class GraphProgram:
         # A CPU input given a host-computed value is written by the host part.
         self.mutations = {}
         try:
+            self._vectorize_scalars(graph, host, values, packs)
             for n in graph.nodes:
-                if n.op == "call_function" and n not in host:
+                if n.op == "call_function" and n not in host and n not in values:
                     self._add(n, values)
                 elif n.op == "output":
                     self._set_outputs(n, values, ph_vals)
         except Exception:
             _C.graph_free(self.gid)
             raise
+        # Per call, most parameters are device inputs passed as they are; the
+        # few others (CPU values, windows, snapshots, packs) take work.
+        self.direct = [src[1] if src[0] == "in" and src[1] not in self.snapshot and isinstance(ph_vals[src[1]], torch.Tensor)
+                       and ph_vals[src[1]].device.type != "cpu" else -1 for src in self.params]
+        self.special = [(k, src) for k, src in enumerate(self.params) if self.direct[k] < 0]
 
     def __del__(self):
         try:
             _C.graph_free(self.gid)
         except Exception:
             pass
+
+    def _vectorize_scalars(self, graph, host, values, packs):
+        """Pointwise arithmetic on packed CPU scalars (an optimizer's bias
+        corrections: a few ops per parameter on its step count), done once on
+        the whole pack instead of once per scalar.  XLA makes a kernel of each
+        scalar chain that feeds a large fusion (two per parameter for AdamW);
+        of the vector's, one.  An op (or one element of a _foreach_ op) is done
+        so when each lane (each packed scalar) computes it: the same op with the
+        same constants on the same value of its own lane; each lane's result is
+        then its element of the vector."""
+        size, sig, lane = {}, {}, {}  # pack value id -> lanes; node -> signature, (pack, lane)
+        for pid, items in packs:
+            if all(not ty[1] for _, _, ty in items):
+                size[pid] = len(items)
+                for j, (n, _, _) in enumerate(items):
+                    sig[n], lane[n] = ("lane", pid), (pid, j)
+        if not size:
+            return
+
+        def key(a):
+            if isinstance(a, torch.fx.Node):
+                return sig.get(a)
+            if isinstance(a, (list, tuple)) and any(isinstance(x, torch.fx.Node) for x in a):
+                return None
+            return repr(a)
+
+        classes = {}  # signature -> {lane: [(node, element)]}, in graph order
+        ops = {}  # (node, element) -> (op, args, kwargs, by_position)
+        for n in graph.nodes:
+            if n.op != "call_function" or n in host:
+                continue
+            if n.target is operator.getitem and (n.args[0], n.args[1]) in ops:
+                unit = (n.args[0], n.args[1])
+                if unit in lane:
+                    sig[n], lane[n] = sig[unit], lane[unit]
+                continue
+            if not isinstance(n.target, torch._ops.OpOverload):
+                continue
+            elems = _foreach_elements(n) if _qualname(n.target).startswith("aten::_foreach_") else \
+                [(n.target, n.args, n.kwargs, n.meta.get("val"), False)]
+            for k, (op, args, kwargs, val, by_position) in enumerate(elems or ()):
+                inputs = [x for a in (*args, *kwargs.values()) for x in (a if isinstance(a, (list, tuple)) else (a,))
+                          if isinstance(x, torch.fx.Node)]
+                keys = [key(a) for a in args] + [(k_, key(a)) for k_, a in sorted(kwargs.items())]
+                if (op is None or torch.Tag.pointwise not in op.tags or not isinstance(val, torch.Tensor)
+                        or val.dim() != 0 or not inputs or any(x is None for x in keys)
+                        or len({lane[x] for x in inputs}) != 1):
+                    continue
+                unit = (n, k)
+                ops[unit] = (op, args, kwargs, by_position)
+                sig[unit], lane[unit] = (op, val.dtype, tuple(keys)), lane[inputs[0]]
+                if len(elems) == 1 and op is n.target:
+                    sig[n], lane[n] = sig[unit], lane[unit]
+                classes.setdefault(sig[unit], {}).setdefault(lane[unit][1], []).append(unit)
+        vec, done = {}, {}  # signature -> (value id, first lane, lanes); node -> {element: value id}
+
+        def lanes_of(x, a, b, code):  # lanes a..b-1 of a pack or of a vector
+            vid, start, count = (lane[x][0], 0, size[lane[x][0]]) if sig[x][0] == "lane" else vec.get(sig[x], (0, 0, 0))
+            if not (start <= a and b <= start + count):
+                return None
+            if (a, b) == (start, start + count):
+                return vid
+            return _C.graph_add(self.gid, "aten::slice.Tensor", (("V", vid), 0, a - start, b - start, 1),
+                                [(code, (b - a,))])
+
+        for s, by_lane in classes.items():
+            a, b = min(by_lane), max(by_lane) + 1
+            if b - a < 2 or len(by_lane) != b - a:  # a run of lanes (a parameter group's)
+                continue
+            op, args, kwargs, by_position = ops[by_lane[a][0]]
+            inputs = [x for a_ in (*args, *kwargs.values()) for x in (a_,) if isinstance(x, torch.fx.Node)]
+            env = {x: lanes_of(x, a, b, CODE[x.meta["val"].dtype]) for x in inputs}
+            if any(v is None for v in env.values()):
+                continue
+            code = CODE[s[1]]
+            vid = self._add_op(op, args, kwargs, torch.empty(b - a, dtype=s[1], device="meta"), env,
+                               by_position=by_position)
+            vec[s] = (vid, a, b - a)
+            for j, units in by_lane.items():
+                one = _C.graph_add(self.gid, "aten::slice.Tensor", (("V", vid), 0, j - a, j - a + 1, 1), [(code, (1,))])
+                one = _C.graph_add(self.gid, "aten::view", (("V", one), []), [(code, ())])
+                for n, k in units:
+                    done.setdefault(n, {})[k] = one
+        for n, ids in done.items():  # a _foreach_ op: when all its elements are
+            if not _qualname(n.target).startswith("aten::_foreach_"):
+                values[n] = ids[0]
+            elif len(ids) == len(n.meta["val"]):
+                values[n] = tuple(ids[k] for k in range(len(ids)))
 
     def _arg(self, v, values, number_is_scalar):
         if isinstance(v, torch.fx.Node):
@@ -569,58 +701,100 @@ class GraphProgram:
 
     def _add_foreach(self, n, values):
         """_foreach_<op>: one node per list element, with the per-tensor op."""
-        op = n.target
-        base = op._schema.name.split("::")[1][len("_foreach_"):]
-        ovl = op._schema.overload_name or "default"
-        target = _foreach_target(base, ovl)
-        if target is None:
-            raise Unsupported(_qualname(op))
-        schema = op._schema.arguments
-        args = [n.args[i] if i < len(n.args) else n.kwargs.get(a.name, a.default_value if a.has_default_value()
-                                                                   else None)
-                for i, a in enumerate(schema)]
-        lists = [i for i, a in enumerate(schema) if str(a.type).startswith("List[")]
-        length = len(args[lists[0]]) if lists else 0
-        vals = n.meta.get("val")
-        ids = []
-        for k in range(length):
-            elem = [a[k] if i in lists else a for i, a in enumerate(args)]
-            if base == "norm":  # (x, ord, dtype) -> linalg_vector_norm(x, ord, dim, keepdim, dtype)
-                elem = [elem[0], elem[1], None, False, elem[2] if len(elem) > 2 else None]
-            ids.append(self._add_op(target, elem, {}, vals[k] if vals is not None else None, values,
-                                    by_position=True))
-        return tuple(ids)
+        elems = _foreach_elements(n)
+        if elems is None or any(op is None for op, *_ in elems):
+            raise Unsupported(_qualname(n.target))
+        return tuple(self._add_op(op, args, kwargs, val, values, by_position=bp) for op, args, kwargs, val, bp in elems)
+
+    def _aliases(self, n, values, ph_vals):
+        """{graph output: (base, chain)} for the outputs returned as views of
+        another tensor: of a device input the graph does not write; of a
+        computed value that is itself returned or that two outputs view; and,
+        among the tensors saved for the backward (which only the backward
+        reads), of another saved tensor of the same value and layout (softmax's
+        result saved for its own backward and, cloned, for a matmul's)."""
+        outs = n.args[0]
+        descs = n.meta.get("desc") or [None] * len(outs)
+        groups = {}  # root -> [(output, chain, saved for the backward)]
+        for o, d in zip(outs, descs):
+            if isinstance(o, torch.fx.Node) and o.op != "placeholder" and o not in self.host_out_index:
+                root, chain = _alias_chain(o) or (o, [])
+                groups.setdefault(root, []).append((o, chain, isinstance(d, SavedForBackwardsAOTOutput)))
+        base, same = {}, {}  # root -> the tensor its outputs view; (value, layout) -> root
+        for root, members in groups.items():
+            val = root.meta.get("val")
+            if root in self.ph_index:
+                i = self.ph_index[root]
+                if ph_vals[i].device.type == "tpu" and i not in self.mutations and i not in self.snapshot:
+                    base[root] = root
+            elif (isinstance(values.get(root), int) and values[root] not in self.rng_states
+                  and root.op == "call_function" and isinstance(val, torch.Tensor) and val.device.type == "tpu"
+                  and val.storage_offset() == 0 and 0 not in val.stride()):
+                base[root] = root
+                if all(saved for _, _, saved in members):
+                    src = root  # a clone of the same layout holds the same values
+                    while (src.target is torch.ops.aten.clone.default and isinstance(src.args[0], torch.fx.Node)
+                           and isinstance(values.get(src.args[0]), int)
+                           and src.args[0].meta["val"].stride() == val.stride()):
+                        src = src.args[0]
+                    base[root] = same.setdefault((values[src], tuple(val.shape), tuple(val.stride())), root)
+        uses = {}
+        for root, members in groups.items():
+            if root in base:
+                uses[base[root]] = uses.get(base[root], 0) + len(members)
+        return {o: (base[root], chain) for root, members in groups.items() if root in base
+                and (base[root] in self.ph_index or uses[base[root]] > 1)
+                for o, chain, _ in members if not (o is base[root] and not chain)}
 
     def _set_outputs(self, n, values, ph_vals):
-        prog = []
+        prog, index = [], {}  # program outputs (value ids); node -> its index in prog
+
+        def program_output(o):
+            if o in index:
+                return index[o]
+            vid = values.get(o)
+            if not isinstance(vid, int):
+                raise Unsupported(f"graph output {o}")
+            val = _RNG_STATE if vid in self.rng_states else o.meta["val"]
+            shape, stride = tuple(val.shape), tuple(val.stride())
+            # An expanded output (stride 0, as expand() gives, also in
+            # tensors saved for backward): the program writes one copy
+            # of each repeated slice, returned viewed as the graph's.
+            full = None
+            if any(st == 0 and sz > 1 for sz, st in zip(shape, stride)):
+                full, code, cur = shape, CODE[val.dtype], list(shape)
+                for d, (sz, st) in enumerate(zip(shape, stride)):
+                    if st == 0 and sz > 1:
+                        cur[d] = 1
+                        vid = _C.graph_add(self.gid, "aten::slice.Tensor", (("V", vid), d, 0, 1, 1),
+                                           [(code, tuple(cur))])
+                shape = tuple(cur)
+            index[o] = len(prog)
+            prog.append(vid)
+            self.out_specs.append((shape, stride, val.dtype, full))
+            return index[o]
+
+        aliases = self._aliases(n, values, ph_vals)
         for o in n.args[0]:
-            if o is None:
+            if o in aliases:
+                root, chain = aliases[o]
+                v = o.meta["val"]
+                view = (tuple(v.shape), tuple(v.stride()), v.storage_offset())
+                if root in self.ph_index:  # offsets from the traced input's
+                    i = self.ph_index[root]
+                    r = ph_vals[i]
+                    view = (*view[:2], view[2] - r.storage_offset())
+                    self.outputs.append(("alias", ("in", i), view, (tuple(r.shape), tuple(r.stride())), chain))
+                else:
+                    self.outputs.append(("alias", ("v", program_output(root)), view, None, chain))
+            elif o is None:
                 self.outputs.append(("none",))
             elif o in self.ph_index:  # an input returned as it is
                 self.outputs.append(("in", self.ph_index[o]))
             elif o in self.host_out_index:
                 self.outputs.append(("host", self.host_out_index[o]))
             else:
-                vid = values.get(o)
-                if not isinstance(vid, int):
-                    raise Unsupported(f"graph output {o}")
-                val = _RNG_STATE if vid in self.rng_states else o.meta["val"]
-                shape, stride = tuple(val.shape), tuple(val.stride())
-                # An expanded output (stride 0, as expand() gives, also in
-                # tensors saved for backward): the program writes one copy
-                # of each repeated slice, returned viewed as the graph's.
-                full = None
-                if any(st == 0 and sz > 1 for sz, st in zip(shape, stride)):
-                    full, code, cur = shape, CODE[val.dtype], list(shape)
-                    for d, (sz, st) in enumerate(zip(shape, stride)):
-                        if st == 0 and sz > 1:
-                            cur[d] = 1
-                            vid = _C.graph_add(self.gid, "aten::slice.Tensor", (("V", vid), d, 0, 1, 1),
-                                               [(code, tuple(cur))])
-                    shape = tuple(cur)
-                self.outputs.append(("v", len(prog)))
-                prog.append(vid)
-                self.out_specs.append((shape, stride, val.dtype, full))
+                self.outputs.append(("v", program_output(o)))
         on_cpu = [i for i in self.mutations if ph_vals[i].device.type == "cpu"]
         self.mut_inputs = [i for i in self.mutations if i not in on_cpu]
         # New values that the program computes for CPU inputs: one packed
@@ -658,18 +832,19 @@ class GraphProgram:
                 return t.as_strided((span,), (1,), start + (t.storage_offset() if rel else 0))
             return src[1] if src[0] == "const" else None
 
-        params = [[value(s) for s in src[1]] if src[0] == "pack" else value(src) for src in self.params]
+        params = [args[i] if i >= 0 else None for i in self.direct]
+        for k, src in self.special:  # what must be read before the host part runs
+            params[k] = [value(s) for s in src[1]] if src[0] == "pack" else value(src)
         host_vals = self.host_gm(*args) if self.host_gm is not None else ()
-        for k, src in enumerate(self.params):
+        for k, src in self.special:
+            v = params[k]
             if src[0] == "host":
-                params[k] = host_vals[src[1]].to(dev)
+                v = host_vals[src[1]]
             elif src[0] == "pack":
-                parts = [host_vals[s[1]] if s[0] == "host" else v for s, v in zip(src[1], params[k])]
+                parts = [host_vals[s[1]] if s[0] == "host" else x for s, x in zip(src[1], v)]
                 with torch.no_grad():  # 0-d values (step counters): stacked, the rest flattened
-                    packed = torch.stack(parts) if src[2] else torch.cat([t.reshape(-1) for t in parts])
-                params[k] = packed.to(dev)
-            elif params[k].device.type == "cpu":
-                params[k] = params[k].to(dev)
+                    v = torch.stack(parts) if src[2] else torch.cat([t.reshape(-1) for t in parts])
+            params[k] = v.to(dev) if v.device.type == "cpu" else v
         packed = [torch.empty(sum(k for _, k in items), dtype=dt, device=dev)
                   for dt, items in self.host_muts.items()]
         # csrc/glue/graph.cpp: allocates the outputs, runs the program.
@@ -685,6 +860,15 @@ class GraphProgram:
             if kind[0] == "v":
                 o, full = outs[kind[1]], self.out_specs[kind[1]][3]
                 result.append(o if full is None else o.as_strided(full, o.stride()))
+            elif kind[0] == "alias":  # a view of an input or of another output
+                (src, k), (size, stride, offset), traced, chain = kind[1:]
+                base = args[k] if src == "in" else outs[k]
+                if traced is None:
+                    result.append(base.as_strided(size, stride, offset))
+                elif (base.shape, base.stride()) == traced:
+                    result.append(base.as_strided(size, stride, base.storage_offset() + offset))
+                else:  # an input laid out otherwise than when traced
+                    result.append(_replay(base, chain))
             elif kind[0] == "in":
                 result.append(args[kind[1]])
             elif kind[0] == "host":
@@ -719,7 +903,61 @@ def _host_graph(gm, host, outputs):
         if n.op == "placeholder" or n in host:
             env[n] = g.node_copy(n, lambda a: env[a])
     g.output(tuple(env[n] for n in outputs))
+    _batch_scalar_foreach(g)
+    _batch_input_copies(g)
     return torch.fx.GraphModule(gm, g)
+
+
+def _batch_scalar_foreach(g):
+    """A pointwise _foreach_ op on 0-d tensors of one dtype (an optimizer's
+    step counters, `steps += 1`), run as one op on their stack: PyTorch's CPU
+    foreach kernels take about 4 us per tensor."""
+    for n in list(g.nodes):
+        if (n.op != "call_function" or not isinstance(n.target, torch._ops.OpOverload)
+                or not _qualname(n.target).startswith("aten::_foreach_")):
+            continue
+        schema = n.target._schema.arguments
+        full = [n.args[i] if i < len(n.args) else n.kwargs.get(a.name, a.default_value if a.has_default_value() else None)
+                for i, a in enumerate(schema)]
+        lists = [i for i, a in enumerate(schema) if str(a.type).startswith("List[")]
+        elems = _foreach_elements(n)
+        op = elems[0][0] if elems else None
+        tensors = [x for i in lists for x in full[i]]
+        vals = [x.meta.get("val") if isinstance(x, torch.fx.Node) else None for x in tensors]
+        others = [x for i, a in enumerate(full) if i not in lists for x in (a if isinstance(a, (list, tuple)) else (a,))]
+        if (op is None or torch.Tag.pointwise not in op.tags or len(elems) < 2
+                or any(str(schema[i].type) != "List[Tensor]" for i in lists)  # a list of scalars: one per tensor
+                or not all(isinstance(v, torch.Tensor) and v.dim() == 0 for v in vals)
+                or len({v.dtype for v in vals}) != 1 or any(isinstance(x, torch.fx.Node) for x in others)):
+            continue
+        with g.inserting_before(n):
+            args, kwargs = [], {}
+            for i, a in enumerate(op._schema.arguments[:len(full)]):
+                v = g.call_function(torch.ops.aten.stack.default, (list(full[i]),)) if i in lists else full[i]
+                if a.kwarg_only:
+                    kwargs[a.name] = v
+                else:
+                    args.append(v)
+            out = g.call_function(torch.ops.aten.unbind.int, (g.call_function(op, tuple(args), kwargs),))
+        n.replace_all_uses_with(out)
+        g.erase_node(n)
+
+
+def _batch_input_copies(g):
+    """The host part's copy_ of new values into its inputs (the step counters),
+    as one _foreach_copy_ where the last of them was."""
+    nodes = list(g.nodes)
+    copies = [n for n in nodes if n.op == "call_function" and n.target is torch.ops.aten.copy_.default
+              and n.args[0].op == "placeholder" and not n.users and len(n.args) == 2]
+    if len(copies) < 2 or len({c.args[0] for c in copies}) != len(copies):
+        return
+    for c in copies:  # nothing else may read a destination after its copy
+        if any(u is not c and nodes.index(u) > nodes.index(c) and u not in copies for u in c.args[0].users):
+            return
+    with g.inserting_after(copies[-1]):
+        g.call_function(torch.ops.aten._foreach_copy_.default, ([c.args[0] for c in copies], [c.args[1] for c in copies]))
+    for c in copies:
+        g.erase_node(c)
 
 
 # _foreach_<base>.<overload> -> the per-tensor op applied to each element.
@@ -737,6 +975,28 @@ _FOREACH_SPECIAL = {("lerp", "Scalar"): "Scalar", ("lerp", "ScalarList"): "Scala
 _FOREACH_RENAME = {("maximum", "Scalar"): ("clamp_min", "default"), ("maximum", "ScalarList"): ("clamp_min", "default"),
                    ("minimum", "Scalar"): ("clamp_max", "default"), ("minimum", "ScalarList"): ("clamp_max", "default"),
                    ("copy", "default"): ("copy", "default")}
+
+
+def _foreach_elements(n):
+    """A _foreach_<op> node's per-tensor ops: [(op, args, kwargs, val,
+    by_position)], one per list element; None if it has no per-tensor op."""
+    op = n.target
+    base = op._schema.name.split("::")[1][len("_foreach_"):]
+    target = _foreach_target(base, op._schema.overload_name or "default")
+    if target is None:
+        return None
+    schema = op._schema.arguments
+    args = [n.args[i] if i < len(n.args) else n.kwargs.get(a.name, a.default_value if a.has_default_value() else None)
+            for i, a in enumerate(schema)]
+    lists = [i for i, a in enumerate(schema) if str(a.type).startswith("List[")]
+    vals = n.meta.get("val")
+    out = []
+    for k in range(len(args[lists[0]]) if lists else 0):
+        elem = [a[k] if i in lists else a for i, a in enumerate(args)]
+        if base == "norm":  # (x, ord, dtype) -> linalg_vector_norm(x, ord, dim, keepdim, dtype)
+            elem = [elem[0], elem[1], None, False, elem[2] if len(elem) > 2 else None]
+        out.append((target, elem, {}, vals[k] if vals is not None else None, True))
+    return out
 
 
 def _foreach_target(base, ovl):

@@ -469,7 +469,7 @@ class GraphProgram:
             if b - a < 2 or len(by_lane) != b - a:  # a run of lanes (a parameter group's)
                 continue
             op, args, kwargs, by_position = ops[by_lane[a][0]]
-            inputs = [x for a_ in (*args, *kwargs.values()) for x in (a_,) if isinstance(x, torch.fx.Node)]
+            inputs = [x for x in (*args, *kwargs.values()) if isinstance(x, torch.fx.Node)]
             env = {x: lanes_of(x, a, b, CODE[x.meta["val"].dtype]) for x in inputs}
             if any(v is None for v in env.values()):
                 continue
@@ -917,9 +917,7 @@ def _batch_scalar_foreach(g):
                 or not _qualname(n.target).startswith("aten::_foreach_")):
             continue
         schema = n.target._schema.arguments
-        full = [n.args[i] if i < len(n.args) else n.kwargs.get(a.name, a.default_value if a.has_default_value() else None)
-                for i, a in enumerate(schema)]
-        lists = [i for i, a in enumerate(schema) if str(a.type).startswith("List[")]
+        full, lists = _by_position(n)
         elems = _foreach_elements(n)
         op = elems[0][0] if elems else None
         tensors = [x for i in lists for x in full[i]]
@@ -977,6 +975,15 @@ _FOREACH_RENAME = {("maximum", "Scalar"): ("clamp_min", "default"), ("maximum", 
                    ("copy", "default"): ("copy", "default")}
 
 
+def _by_position(n):
+    """Call node n's arguments in its schema's order, defaults filled in; and
+    the positions of its list arguments."""
+    schema = n.target._schema.arguments
+    args = [n.args[i] if i < len(n.args) else n.kwargs.get(a.name, a.default_value if a.has_default_value() else None)
+            for i, a in enumerate(schema)]
+    return args, [i for i, a in enumerate(schema) if str(a.type).startswith("List[")]
+
+
 def _foreach_elements(n):
     """A _foreach_<op> node's per-tensor ops: [(op, args, kwargs, val,
     by_position)], one per list element; None if it has no per-tensor op."""
@@ -985,10 +992,7 @@ def _foreach_elements(n):
     target = _foreach_target(base, op._schema.overload_name or "default")
     if target is None:
         return None
-    schema = op._schema.arguments
-    args = [n.args[i] if i < len(n.args) else n.kwargs.get(a.name, a.default_value if a.has_default_value() else None)
-            for i, a in enumerate(schema)]
-    lists = [i for i, a in enumerate(schema) if str(a.type).startswith("List[")]
+    args, lists = _by_position(n)
     vals = n.meta.get("val")
     out = []
     for k in range(len(args[lists[0]]) if lists else 0):

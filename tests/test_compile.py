@@ -897,7 +897,8 @@ def test_optimizer_scalar_math_is_vectorized(monkeypatch):
     """AdamW's bias corrections (a few scalar ops per parameter on its step
     count) are computed once per parameter group on the packed step counts,
     not once per parameter; the host part adds 1 to the step counts as one
-    op on their stack.  Two groups with different betas match the CPU."""
+    op on their stack.  Two groups with different betas match the CPU, and
+    keep their step counts on the CPU, where an eager step reads them."""
     from torch_pjrt import _C
 
     torch._dynamo.reset()
@@ -927,7 +928,15 @@ def test_optimizer_scalar_math_is_vectorized(monkeypatch):
             assert added.count("aten::pow.Scalar") == 4, added.count("aten::pow.Scalar")
     for pc, pt in zip(mc.parameters(), mt.parameters()):
         torch.testing.assert_close(pt.detach().cpu(), pc.detach(), rtol=1e-5, atol=1e-6)
-        if ot.state[pt]["step"].device.type == "cpu":  # Dynamo puts the first group's on the device (aot_eager too)
-            assert float(ot.state[pt]["step"]) == float(oc.state[pc]["step"]) == 3.0
+        # Every group's counters, kept on the CPU (Dynamo's move to the
+        # device had cut the first group's loose: they read 0)
+        assert ot.state[pt]["step"].device.type == "cpu"
+        assert float(ot.state[pt]["step"]) == float(oc.state[pc]["step"]) == 3.0
+    for m, fn, dev in ((mc, oc.step, "cpu"), (mt, ot.step, "tpu")):  # an eager step reads the same state
+        m.zero_grad()
+        (m(x.to(dev)) ** 2).sum().backward()
+        fn()
+    for pc, pt in zip(mc.parameters(), mt.parameters()):
+        torch.testing.assert_close(pt.detach().cpu(), pc.detach(), rtol=1e-5, atol=1e-6)
     code = progs[-1].host_gm.code
     assert "_foreach_add" not in code and "_foreach_copy_" in code and "stack" in code

@@ -1439,9 +1439,40 @@ def _skip_kernel_frames_on_compile():
         def __init__(self, *args, _init=cls.__init__, **kwargs):
             _init(self, *args, **kwargs)
             _skip_kernel_frames()
+            _keep_cpu_steps()
 
         __init__._tp_skips = True
         cls.__init__ = __init__
+
+
+def _keep_cpu_steps():
+    """Dynamo's compiled optimizers move CPU step counters to the parameter's
+    device at each _init_group (OptimizerVariable.move_step_if_cpu), for the
+    capturable steps Dynamo turns on for CUDA and XPU parameters.  On tpu no
+    group is capturable, and the move only cut the state loose: with two
+    parameter groups, the first group's state["step"] became a tpu copy that
+    stayed 0 while the graph counted on the CPU tensor it had traced (so a
+    saved optimizer state said step 0).  Steps of tpu parameters in groups
+    that are not capturable stay on the CPU, as in eager mode."""
+    try:
+        from torch._dynamo.variables.optimizer import OptimizerVariable
+    except Exception:
+        return
+    move = OptimizerVariable.move_step_if_cpu
+    if getattr(move, "_tp_keeps", False):
+        return
+
+    def move_step_if_cpu(self):
+        group = {id(p): g for g in self.value.param_groups for p in g["params"]}
+        keep = [(state, state["step"]) for p, state in self.value.state.items()
+                if p.device.type == "tpu" and isinstance(state.get("step"), torch.Tensor) and state["step"].is_cpu
+                and not group.get(id(p), {}).get("capturable", False)]
+        move(self)
+        for state, step in keep:
+            state["step"] = step
+
+    move_step_if_cpu._tp_keeps = True
+    OptimizerVariable.move_step_if_cpu = move_step_if_cpu
 
 
 def register():

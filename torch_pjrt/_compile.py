@@ -947,7 +947,8 @@ def _batch_input_copies(g):
     nodes = list(g.nodes)
     copies = [n for n in nodes if n.op == "call_function" and n.target is torch.ops.aten.copy_.default
               and n.args[0].op == "placeholder" and not n.users and len(n.args) == 2]
-    if len(copies) < 2 or len({c.args[0] for c in copies}) != len(copies):
+    dsts = {c.args[0] for c in copies}
+    if len(copies) < 2 or len(dsts) != len(copies) or any(c.args[1] in dsts for c in copies):
         return
     for c in copies:  # nothing else may read a destination after its copy
         if any(u is not c and nodes.index(u) > nodes.index(c) and u not in copies for u in c.args[0].users):

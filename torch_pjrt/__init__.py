@@ -138,7 +138,7 @@ from . import _compile  # noqa: E402
 
 _compile.register()
 _compile._route_default_backend()
-_compile._skip_kernel_frames_on_compile()
+_compile._hook_torch_compile()
 _compile._register_rng_hops()
 _compile._register_fake_kernels()
 compile_counts = _compile.compile_counts

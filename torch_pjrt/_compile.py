@@ -195,16 +195,26 @@ def _as_strided_args(n, at=1):
     return size, stride, off, span
 
 
+_ALIASING = (torch.ops.aten._unsafe_view.default, torch.ops.aten._reshape_alias.default)
+
+
+def _view_step(cur, ops=()):
+    """The view op call node cur passes through: cur itself, or for a getitem
+    of split/unbind/chunk the op it indexes; None if cur is no view (ops:
+    more ops to count as views)."""
+    src = cur.args[0] if cur.target is operator.getitem else cur
+    if (isinstance(src, torch.fx.Node) and src.op == "call_function" and isinstance(src.target, torch._ops.OpOverload)
+            and (_is_view(src.target) or src.target in ops)):
+        return src
+    return None
+
+
 def _view_root(x):
     """The node whose storage x views: up x's chain of view ops (a getitem of
     split/unbind/chunk included) to a graph input or a computed value."""
     dt = x.meta["val"].dtype
     cur = x
-    while cur.op == "call_function":
-        src = cur.args[0] if cur.target is operator.getitem else cur
-        if not (isinstance(src, torch.fx.Node) and src.op == "call_function"
-                and isinstance(src.target, torch._ops.OpOverload) and _is_view(src.target)):
-            break
+    while cur.op == "call_function" and (src := _view_step(cur)) is not None:
         nxt = src.args[0]
         val = nxt.meta.get("val") if isinstance(nxt, torch.fx.Node) else None
         if not isinstance(val, torch.Tensor):
@@ -213,9 +223,6 @@ def _view_root(x):
             raise Unsupported("as_strided of a view that changes the dtype")
         cur = nxt
     return cur
-
-
-_ALIASING = (torch.ops.aten._unsafe_view.default, torch.ops.aten._reshape_alias.default)
 
 
 def _alias_chain(o):
@@ -227,11 +234,9 @@ def _alias_chain(o):
     shapes), which saves XLA a copy of it per output."""
     chain, cur = [], o
     while isinstance(cur, torch.fx.Node) and cur.op == "call_function":
-        src = cur.args[0] if cur.target is operator.getitem else cur
-        if not (isinstance(src, torch.fx.Node) and src.op == "call_function" and
-                isinstance(src.target, torch._ops.OpOverload) and (_is_view(src.target) or src.target in _ALIASING)
-                and isinstance(src.args[0], torch.fx.Node)
-                and not any(isinstance(a, torch.fx.Node) for a in (*src.args[1:], *src.kwargs.values()))):
+        src = _view_step(cur, _ALIASING)
+        if (src is None or not isinstance(src.args[0], torch.fx.Node)  # replayable: no other node arguments
+                or any(isinstance(a, torch.fx.Node) for a in (*src.args[1:], *src.kwargs.values()))):
             break
         chain += [cur] if cur is src else [cur, src]
         cur = src.args[0]
@@ -1425,8 +1430,10 @@ def _route_default_backend():
 _routed_warned = []
 
 
-def _skip_kernel_frames_on_compile():
-    """Keep Dynamo out of the op kernels from torch.compile() on, not only
+def _hook_torch_compile():
+    """At each torch.compile(): keep Dynamo out of the op kernels
+    (_skip_kernel_frames) and CPU step counters where they are
+    (_keep_cpu_steps).  The skips hold from torch.compile() on, not only
     from the first graph the backend gets: eager code before that graph (a
     random op given a generator, which Dynamo does not trace, at the start
     of a function) was traced through the kernels, and the kernel's meta

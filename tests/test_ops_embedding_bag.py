@@ -253,6 +253,76 @@ def test_grad_2d_input_and_int32(mode):
         check_grads(w, idx, None, rnd(3, 4, seed=5), mode="sum")
 
 
+class _Bag(nn.Module):
+    def __init__(self, w, **kw):
+        super().__init__()
+        self.w, self.kw = nn.Parameter(w.clone()), kw
+
+    def forward(self, idx, off, psw):
+        return F.embedding_bag(idx, self.w, off, per_sample_weights=psw, **self.kw)
+
+
+@pytest.mark.parametrize("mode", ["sum", "mean", "max"])
+@pytest.mark.parametrize("case", ["1d", "2d", "ilo", "pad", "psw"])
+def test_compiled_bags_match_cpu(mode, case):
+    # Compiled graphs carry PyTorch's meta shapes, which are CUDA's (bag_size
+    # one entry per offset, max_indices empty but for max, offset2bag never
+    # empty): forward and gradients must still be the CPU's.
+    if case == "psw" and mode != "sum":
+        pytest.skip("per_sample_weights need mode='sum'")
+    import torch._dynamo
+    w, idx, off, psw = rnd(10, 4), IDX, OFF, None
+    kw = dict(mode=mode)
+    if case == "2d":
+        idx, off = IDX[:9].view(3, 3), None
+    if case == "ilo":
+        off, kw["include_last_offset"] = OFF_ILO, True
+    if case == "pad":
+        kw["padding_idx"] = 4
+    if case == "psw":
+        psw = rnd(10, seed=2).requires_grad_()
+    ref = _Bag(w, **kw)
+    out = ref(idx, off, psw)
+    g = rnd(*out.shape, seed=9)
+    out.backward(g)
+    torch._dynamo.reset()
+    model = _Bag(w, **kw).to("tpu")
+    p = None if psw is None else psw.detach().to("tpu").requires_grad_()
+    got = torch.compile(model, backend="tpu", fullgraph=True)(idx.to("tpu"), tpu(off), p)
+    got.backward(g.to("tpu"))
+    close(got, out.detach(), TOL[F32], "output")
+    close(model.w.grad, ref.w.grad, GRAD_TOL[F32], "weight grad")
+    if psw is not None:
+        close(p.grad, psw.grad, GRAD_TOL[F32], "per_sample_weights grad")
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+@pytest.mark.parametrize("mode", ["sum", "mean"])
+def test_entries_after_the_last_offset(mode, compiled):
+    # include_last_offset=True with indices after offsets[-1]: the CPU's
+    # forward leaves them out (sum and mean); its backward gives them no
+    # gradient for sum (on the CPU it reads past the end of grad there, so
+    # its values are garbage) and counts them in the last bag for mean.
+    import torch._dynamo
+    w, idx, off = rnd(10, 4), torch.tensor([1, 2, 3, 4, 5, 6, 7]), torch.tensor([0, 2, 4])
+    ref = _Bag(w, mode=mode, include_last_offset=True)
+    model = _Bag(w, mode=mode, include_last_offset=True).to("tpu")
+    torch._dynamo.reset()
+    fn = torch.compile(model, backend="tpu", fullgraph=True) if compiled else model
+    got = fn(idx.to("tpu"), off.to("tpu"), None)
+    g = rnd(2, 4, seed=9)
+    got.backward(g.to("tpu"))
+    out = ref(idx, off, None)
+    close(got, out.detach(), TOL[F32], "output")
+    if mode == "sum":
+        # the gradient of the bags without the trailing entries
+        ref = _Bag(w, mode=mode)
+        ref(idx[:4], off[:2], None).backward(g)
+    else:
+        out.backward(g)
+    close(model.w.grad, ref.w.grad, GRAD_TOL[F32], "weight grad")
+
+
 def test_scale_grad_by_freq_follows_cpu():
     # PyTorch's CPU kernel divides index v's gradient by counts[sorted[r]],
     # r being v's rank among the distinct indices (not by counts[v]): for

@@ -1372,6 +1372,15 @@ static tp_val slice1(tp_emit *e, tp_val x, int64_t a, int64_t b) { return em_sli
 
 static tp_val bool_to_i64(tp_emit *e, tp_val b) { return to_i64(e, em_convert(e, b, TP_U8)); }
 
+/* Whether each entry's bag o2b (L, i64) is one of the B bags: entries
+ * after offsets[-1] with include_last_offset are not (the CPU kernels leave
+ * them out of sum's gradient; per_sample_weights' gradient reads past the
+ * end of grad there, and gets 0 here). */
+static tp_val bag_member(tp_emit *e, tp_val o2b, int64_t B) {
+  return em_binary(e, "stablehlo.and", em_compare(e, "GE", o2b, ki_like(e, o2b, 0)),
+                   em_compare(e, "LT", o2b, ki_like(e, o2b, B)));
+}
+
 /* offset2bag (L, i64) from the first k offsets (i64), as make_offset2bag. */
 static tp_val bag_offset2bag(tp_emit *e, tp_val off, int64_t k, int64_t L) {
   int64_t L1 = L + 1;
@@ -1450,8 +1459,7 @@ static void bag_max(tp_emit *e, tp_val vals, tp_val bag, tp_val idx, int64_t B, 
   tp_val at = em_binary(e, "stablehlo.and", member, em_compare(e, "EQ", vals, em_gather_flat(e, m, lin)));
   tp_val cand = em_select(e, at, em_iota(e, &lit, 0), em_full(e, (double)L, &lit));
   tp_val jmax = em_scatter_flat(e, em_full(e, (double)L, &bdi), lin, cand, "stablehlo.minimum");
-  tp_val inbag = em_binary(e, "stablehlo.and", em_compare(e, "GE", bag, ki_like(e, bag, 0)),
-                           em_compare(e, "LT", bag, ki_like(e, bag, B)));
+  tp_val inbag = bag_member(e, bag, B);
   tp_val first = em_scatter_flat(e, em_full(e, (double)L, &bt), em_select(e, inbag, bag, ki_like(e, bag, B)),
                                  em_iota(e, &l1, 0), "stablehlo.minimum");
   tp_val fb = em_bcast_in_dim(e, first, &b2, &m0), col = em_iota(e, &b2, 1), dd = em_full(e, (double)D, &b2);
@@ -1462,6 +1470,19 @@ static void bag_max(tp_emit *e, tp_val vals, tp_val bag, tp_val idx, int64_t B, 
   tp_val empty = em_compare(e, "EQ", fb, em_full(e, (double)L, &b2));
   *val = em_select(e, empty, em_full(e, 0, &v2), em_gather_flat(e, vflat, add(e, mul(e, j, dd), col)));
   *row = em_select(e, empty, em_full(e, 0, &b2), em_gather_flat(e, idx, j));
+}
+
+/* bag_size (B, i64; -1: all zeros) as an output of type t.  The CPU gives
+ * bag_size and mean's max_indices one entry per bag; in compiled graphs
+ * PyTorch's meta function gives CUDA's shapes instead (bag_size one entry
+ * per offset, so one more with include_last_offset, the extra entry 0;
+ * max_indices empty), and the graph's types are the ones to produce. */
+static tp_val bag_size_as(tp_emit *e, tp_val bs, const tp_type *t) {
+  if (bs < 0 || tp_type_numel(t) == 0 || em_failed(e)) return em_full(e, 0, t);
+  int64_t B = em_type(e, bs)->dims[0], lo = 0, hi = t->dims[0] - B, in = 0;
+  if (hi < 0) bs = slice1(e, bs, 0, t->dims[0]);
+  else if (hi > 0) bs = em_pad(e, bs, em_const_i(e, 0, TP_I64), &lo, &hi, &in);
+  return em_convert(e, bs, t->dt);
 }
 
 /* _embedding_bag / _embedding_bag_forward_only(weight, indices, offsets,
@@ -1496,8 +1517,13 @@ static void r_embedding_bag(tp_emit *e, const tp_node *n, tp_val *o) {
     lw_check_range(e, n, slice1(e, off, 0, 1), 0, 1, TP_INVALID_ARGUMENT,
                    "offsets[0] has to be 0, i.e., the first sequence in the mini-batch has to start from position 0. "
                    "However, got {}");
+  /* In eager mode offset2bag's shape says whether the CPU took sum's fast
+   * path.  Compiled graphs carry CUDA's shapes (PyTorch's meta function:
+   * max_indices empty but for max) and no strides; they assume the fast
+   * path, which every weight with unit-stride rows takes. */
+  int cuda_shapes = mode != BAG_MAX && tp_type_numel(&n->outs[3]) == 0 && B > 0;
   int fast = mode != BAG_MAX && pad < 0 && (dt == TP_F32 || dt == TP_F16 || dt == TP_BF16) &&
-             (mode == BAG_MEAN || tp_type_numel(&n->outs[1]) == 0);
+             (mode == BAG_MEAN || tp_type_numel(&n->outs[1]) == 0 || cuda_shapes);
   /* each index's bag (-1 before offsets[0]; B when it takes no part) */
   tp_val bag = -1, row_of = -1;
   if (L > 0) {
@@ -1539,12 +1565,16 @@ static void r_embedding_bag(tp_emit *e, const tp_node *n, tp_val *o) {
     out = em_convert(e, sum, dt);
   }
   o[0] = out;
-  o[1] = tp_type_numel(&n->outs[1]) == 0 ? em_full(e, 0, &n->outs[1]) : em_convert(e, bag, n->outs[1].dt);
-  o[2] = bs < 0 ? em_full(e, 0, &n->outs[2]) : em_convert(e, bs, n->outs[2].dt);
+  /* the CPU's fast path of sum leaves offset2bag empty; where the graph
+   * wants one (CUDA's shapes), entries after offsets[-1] are marked B, so
+   * that the backward, like the CPU's, gives them no gradient */
+  tp_val o2b = fast && mode == BAG_SUM ? row_of : bag;
+  o[1] = tp_type_numel(&n->outs[1]) == 0 ? em_full(e, 0, &n->outs[1]) : em_convert(e, o2b, n->outs[1].dt);
+  o[2] = bag_size_as(e, bs, &n->outs[2]);
   if (mode == BAG_MAX)
     o[3] = maxrow < 0 ? em_full(e, 0, &n->outs[3]) : em_convert(e, maxrow, n->outs[3].dt);
   else
-    o[3] = bs < 0 ? em_full(e, 0, &n->outs[3]) : em_convert(e, bs, n->outs[3].dt);
+    o[3] = bag_size_as(e, bs, &n->outs[3]);
 }
 
 /* The divisor scale_grad_by_freq applies to entry j in PyTorch's CPU
@@ -1591,13 +1621,13 @@ static void bag_dense_backward(tp_emit *e, const tp_node *n, tp_val *o, const in
   if (em_failed(e)) return;
   tp_type gt = *em_type(e, g);
   if (ot->rank != 2 || gt.rank != 2 || gt.dims[1] != ot->dims[1] || em_type(e, bs)->rank != 1 ||
-      em_type(e, bs)->dims[0] != gt.dims[0] || mode < BAG_SUM || mode > BAG_MAX) {
+      em_type(e, bs)->dims[0] < gt.dims[0] || mode < BAG_SUM || mode > BAG_MAX) {
     o[0] = em_fail(e, TP_INVALID_ARGUMENT, "%s: unexpected argument shapes", n->op);
     return;
   }
   int64_t NW = ot->dims[0], D = ot->dims[1], B = gt.dims[0];
   tp_val zero = em_full(e, 0, ot);
-  bs = to_i64(e, bs);
+  bs = slice1(e, to_i64(e, bs), 0, B); /* CUDA's shape in compiled graphs: one more with include_last_offset */
   if (NW * D == 0 || B == 0) {
     o[0] = zero;
     return;
@@ -1647,7 +1677,8 @@ static void bag_dense_backward(tp_emit *e, const tp_node *n, tp_val *o, const in
   int64_t m0 = 0;
   tp_val rows = bag_rows(e, n, g, o2b);
   rows = mul(e, rows, em_bcast_in_dim(e, scale, em_type(e, rows), &m0));
-  tp_val row = em_select(e, em_compare(e, "NE", idx, ki_like(e, idx, pad)), idx, ki_like(e, idx, NW));
+  tp_val part = em_binary(e, "stablehlo.and", em_compare(e, "NE", idx, ki_like(e, idx, pad)), bag_member(e, o2b, B));
+  tp_val row = em_select(e, part, idx, ki_like(e, idx, NW));
   o[0] = scatter_core(e, zero, bag_lin(e, row, NW, D), rows, RED_SUM, 1);
 }
 
@@ -1700,7 +1731,8 @@ static void r_embedding_bag_psw_backward(tp_emit *e, const tp_node *n, tp_val *o
   int64_t one = 1;
   tp_val prod = mul(e, bag_rows(e, n, g, o2b), bag_rows(e, n, w, idx));
   tp_val dot = em_reduce(e, prod, em_const(e, 0, ct), &one, 1, "stablehlo.add");
-  dot = em_select(e, em_compare(e, "NE", idx, ki_like(e, idx, pad)), dot, lw_full_like(e, dot, 0));
+  tp_val part = em_binary(e, "stablehlo.and", em_compare(e, "NE", idx, ki_like(e, idx, pad)), bag_member(e, o2b, B));
+  dot = em_select(e, part, dot, lw_full_like(e, dot, 0));
   o[0] = em_convert(e, dot, dt);
 }
 

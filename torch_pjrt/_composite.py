@@ -819,10 +819,37 @@ def _angle(z):
         return torch.ops.aten.angle.default(z)
 
 
+class _MultilabelMargin(torch.autograd.Function):
+    """multilabel_margin_loss_forward kept whole, with its backward op, as
+    PyTorch's autograd formula has it.  PyTorch's Python decomposition, which
+    tracing would run in its place (a py_impl kernel for Autograd), counts
+    the targets after a row's first -1."""
+
+    @staticmethod
+    def forward(ctx, x, target, reduction):
+        with torch._C._AutoDispatchBelowAutograd():
+            loss, is_target = torch.ops.aten.multilabel_margin_loss_forward.default(x, target, reduction)
+        ctx.save_for_backward(x, target, is_target)
+        ctx.reduction = reduction
+        ctx.mark_non_differentiable(is_target)
+        return loss, is_target
+
+    @staticmethod
+    def backward(ctx, g, _):
+        x, target, is_target = ctx.saved_tensors
+        gx = torch.ops.aten.multilabel_margin_loss_backward.default(g, x, target, ctx.reduction, is_target)
+        return gx, None, None
+
+
+def _multilabel_margin(x, target, reduction):
+    return _MultilabelMargin.apply(x, target, reduction)
+
+
 AUTOGRAD = {
     "angle": _angle,
     "linalg_householder_product": _householder_product,
     "grid_sampler_2d": _grid_sampler("grid_sampler_2d", _torch_decomposition("grid_sampler_2d")),
     "grid_sampler_3d": _grid_sampler("grid_sampler_3d", lambda: _grid_sampler_3d),
     "upsample_bicubic2d": _upsample_bicubic2d,
+    "multilabel_margin_loss_forward": _multilabel_margin,
 }

@@ -1355,7 +1355,7 @@ def install():
             impl.impl(name, torch.library.fallthrough_kernel, key)
     from ._composite import AUTOGRAD
 
-    for name, fn in AUTOGRAD.items():  # derivatives computed in float64 (see _composite)
+    for name, fn in AUTOGRAD.items():  # derivatives in float64, ops kept whole in graphs (see _composite)
         impl.impl(name, fn, "AutogradPrivateUse1")
     _impl_lib = impl
     if os.environ.get("TORCH_PJRT_FAST_KERNELS", "1") == "0":

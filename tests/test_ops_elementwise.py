@@ -1363,3 +1363,21 @@ def test_python_ints_beyond_int64_wrap_like_cpu():
             check(fn, x)
     with pytest.raises(OverflowError):
         x.to("tpu") + 2**64
+
+
+@pytest.mark.parametrize("fn,dtype", [
+    (lambda x: torch.softmax(x, 0), torch.int64), (lambda x: torch.log_softmax(x, 0), torch.int32),
+    (lambda x: torch.nn.functional.silu(x), torch.int32), (lambda x: torch.nn.functional.gelu(x), torch.int64),
+    (lambda x: x.std(), torch.bool), (lambda x: torch.lerp(x, x, 0.5), torch.uint8),
+    (lambda x: torch.nn.functional.avg_pool1d(x.view(1, 1, -1), 2), torch.bool),
+    (lambda x: torch.remainder(x, x), torch.bool)])
+def test_dtypes_the_cpu_refuses_raise_not_implemented(fn, dtype):
+    """Inputs of a dtype that the CPU kernel refuses, and that the op's
+    lowering cannot take either (float-only or not-bool StableHLO ops), raise
+    NotImplementedError naming the op and the dtype, as PyTorch's kernels do,
+    rather than a compiler error about the program."""
+    x = torch.arange(6).to(dtype)
+    with pytest.raises((NotImplementedError, RuntimeError)):
+        fn(x)
+    with pytest.raises(NotImplementedError, match=f"not implemented for '{str(dtype).split('.')[1]}' on tpu"):
+        fn(x.to("tpu")).cpu()

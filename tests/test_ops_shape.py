@@ -402,6 +402,28 @@ def test_index_bool_mask_rule_is_unimplemented():
             _C.run("aten::index.Tensor", (_dispatch._ref(x), ("L", [_dispatch._ref(m)])), None, (_dispatch._ref(out),))
 
 
+@pytest.mark.parametrize("case", range(5))
+def test_mask_of_the_wrong_shape_raises_like_cpu(case):
+    # Masks become indices (nonzero); one whose sizes are not those of the
+    # dims it indexes must raise the CPU's IndexError, not pick elements.
+    B = torch.bool
+    fn = [lambda x, d: x[torch.tensor([True, False], device=d)],
+          lambda x, d: x[torch.tensor([[True, False, True]], device=d)],
+          lambda x, d: x[:, torch.tensor([True, False], device=d)],
+          lambda x, d: x[torch.tensor([0, 1], device=d), torch.tensor([1, 0, 1, 1], dtype=torch.uint8, device=d)],
+          lambda x, d: x.index_put_((torch.ones(2, dtype=B, device=d),), torch.tensor(1.0, device=d))][case]
+    msgs = []
+    for d in ("cpu", "tpu"):
+        with pytest.raises(IndexError) as info:
+            fn(torch.ones(3, 3, device=d), d)
+        msgs.append(str(info.value))
+    assert msgs[0] in msgs[1], msgs
+    # the right shape still indexes
+    ok = torch.tensor([True, False, True])
+    torch.testing.assert_close(torch.arange(9.0).view(3, 3).to("tpu")[:, ok.to("tpu")].cpu(),
+                               torch.arange(9.0).view(3, 3)[:, ok])
+
+
 def test_unsafe_index():
     x = rnd(5, 4, grad=True)
     i = torch.tensor([3, 0, 0])

@@ -530,6 +530,17 @@ def _qualname(op):
     return f"{s.name}.{s.overload_name}" if s.overload_name else s.name
 
 
+def _check_mask(self, mask, pos):
+    """A mask indexing self from dim pos must have self's sizes there (the
+    CPU's IndexError; nonzero would otherwise pick elements silently)."""
+    if not isinstance(self, torch.Tensor):
+        return
+    for j in range(mask.dim()):
+        if pos + j < self.dim() and mask.shape[j] != self.shape[pos + j]:
+            raise IndexError(f"The shape of the mask {list(mask.shape)} at index {j} does not match the shape of "
+                             f"the indexed tensor {list(self.shape)} at index {pos + j}")
+
+
 class _Handler:
     """How one OpOverload runs on tpu; built on first use."""
 
@@ -820,16 +831,19 @@ class _Handler:
                 continue
             dev = next((t.device for t in list(args) + list(kwargs.values())
                         if isinstance(t, torch.Tensor) and t.device.type == "tpu"), None)
-            new = []
+            new, pos = [], 0  # pos: the dim of self the entry indexes
             for t in lst:
                 if isinstance(t, torch.Tensor):
                     if t.device.type != "tpu" and dev is not None:
                         t = t.to(dev)
                     if masks_to_indices and t.dtype in (torch.bool, torch.uint8):
+                        _check_mask(args[0], t, pos)
                         nz = torch.nonzero(t)
                         new.extend(nz.select(1, j) for j in range(t.dim()))
+                        pos += t.dim()
                         continue
                 new.append(t)
+                pos += 1
             if in_args:
                 args[i] = new
             else:

@@ -59,6 +59,7 @@ struct tp_emit {
   sbuf body;
   sbuf module;
   tp_status *err;
+  const char *op; /* the op being lowered (em_set_op), for messages */
 };
 
 int64_t tp_type_numel(const tp_type *t) {
@@ -134,6 +135,12 @@ const tp_type *em_type(const tp_emit *e, tp_val v) {
   static const tp_type bad = {TP_F32, 0, {0}};
   if (v < 0 || v >= e->nvals) return &bad;
   return &e->types[v];
+}
+
+const char *em_set_op(tp_emit *e, const char *op) {
+  const char *old = e->op;
+  e->op = op;
+  return old;
 }
 
 static int bad(tp_emit *e, tp_val v) {
@@ -214,10 +221,50 @@ const char *em_finish(tp_emit *e, const tp_val *results, int n) {
 }
 
 /* Write "%vN = "name"(ins) {attrs} : (in types) -> out type" */
+/* StableHLO ops whose operands must be floating-point or complex, and
+ * arithmetic it does not define on booleans (its verifier's rules).  A rule
+ * that hands them such an operand, because the op got an input dtype
+ * PyTorch's CPU kernels refuse too, fails here with NotImplementedError in
+ * PyTorch's words rather than with a compiler error about the program. */
+static const char *const kFloatOnly[] = {
+    "stablehlo.exponential", "stablehlo.exponential_minus_one", "stablehlo.log", "stablehlo.log_plus_one",
+    "stablehlo.logistic", "stablehlo.sqrt", "stablehlo.rsqrt", "stablehlo.cbrt", "stablehlo.tanh", "stablehlo.sine",
+    "stablehlo.cosine", "stablehlo.tan", "stablehlo.atan2", "stablehlo.floor", "stablehlo.ceil",
+    "stablehlo.round_nearest_even", "stablehlo.round_nearest_afz", "stablehlo.is_finite", "chlo.erf", "chlo.erfc",
+    "chlo.erf_inv", "chlo.lgamma", "chlo.digamma"};
+static const char *const kNoBool[] = {"stablehlo.subtract", "stablehlo.divide", "stablehlo.remainder",
+                                      "stablehlo.negate"};
+static const char *const kSigned[] = {"stablehlo.abs", "stablehlo.sign"}; /* nor unsigned integers */
+
+static int listed(const char *name, const char *const *list, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    if (strcmp(name, list[i]) == 0) return 1;
+  return 0;
+}
+
+#define LISTED(name, list) listed(name, list, sizeof list / sizeof *list)
+
+static int operand_dtype_ok(tp_emit *e, const char *name, const tp_val *in, int nin) {
+  int float_only = LISTED(name, kFloatOnly), is_signed = !float_only && LISTED(name, kSigned);
+  if (!float_only && !is_signed && !LISTED(name, kNoBool)) return 1;
+  for (int i = 0; i < nin; i++) {
+    tp_dtype dt = e->types[in[i]].dt;
+    if (dt == TP_BOOL || (float_only && !tp_dtype_is_float(dt) && !tp_dtype_is_complex(dt)) ||
+        (is_signed && tp_dtype_is_unsigned(dt))) {
+      em_fail(e, TP_UNIMPLEMENTED, "\"%s\" not implemented for '%s' on tpu (its lowering needs %s, which takes %s "
+              "operands)", e->op ? e->op : "this op", tp_dtype_name(dt), name,
+              float_only ? "floating-point or complex" : is_signed ? "signed" : "numeric, not bool,");
+      return 0;
+    }
+  }
+  return 1;
+}
+
 static tp_val emit_line(tp_emit *e, const char *name, const char *attrs, const tp_val *in, int nin,
                         const tp_type *out_in) {
   for (int i = 0; i < nin; i++)
     if (bad(e, in[i])) return -1;
+  if (!operand_dtype_ok(e, name, in, nin)) return -1;
   tp_type o = *out_in; /* out_in may point into e->types, which new_val moves */
   const tp_type *out = &o;
   tp_val v = new_val(e, out);

@@ -95,6 +95,8 @@ tp_val em_dyn_slice(tp_emit *e, tp_val x, const tp_val *start, const int64_t *si
 tp_val em_dyn_update_slice(tp_emit *e, tp_val x, tp_val upd, const tp_val *start);
 
 /* ---- elementwise ------------------------------------------------------------ */
+/* Names the op being lowered in the emitter's messages; returns the previous one. */
+const char *em_set_op(tp_emit *e, const char *op);
 tp_val em_unary(tp_emit *e, const char *op, tp_val x);            /* "stablehlo.exponential" */
 tp_val em_binary(tp_emit *e, const char *op, tp_val a, tp_val b); /* same shapes */
 /* dir: "EQ","NE","LT","LE","GT","GE"; result i1 */

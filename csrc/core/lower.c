@@ -172,7 +172,9 @@ static tp_val refuse_complex(tp_emit *e, const tp_node *n) {
 
 void tp_lower_run(tp_lower_fn fn, tp_emit *e, const tp_node *n, tp_val *out) {
   if (em_failed(e) || refuse_complex(e, n) < 0) return;
+  const char *outer = em_set_op(e, n->op);
   fn(e, n, out);
+  em_set_op(e, outer);
 }
 
 tp_lower_fn tp_lower_find(const char *op) {

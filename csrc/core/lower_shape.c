@@ -986,6 +986,15 @@ static tp_val mask_positions(tp_emit *e, tp_val mask, int64_t kmax) {
   return reshape_to(e, cs, &mt);
 }
 
+/* t's sizes as PyTorch prints them in messages: [3, 2]. */
+static const char *dims_str(char *buf, size_t n, const tp_type *t) {
+  size_t k = (size_t)snprintf(buf, n, "[");
+  for (int i = 0; i < t->rank && k < n; i++)
+    k += (size_t)snprintf(buf + k, n - k, "%s%" PRId64, i ? ", " : "", t->dims[i]);
+  if (k < n) snprintf(buf + k, n - k, "]");
+  return buf;
+}
+
 /* index_put with one bool/byte mask covering dims [p, p+k). */
 static tp_val index_put_mask(tp_emit *e, const tp_node *n, tp_val x, const iplan *pl, tp_val values, int accumulate) {
   tp_type xt = *em_type(e, x);
@@ -993,11 +1002,13 @@ static tp_val index_put_mask(tp_emit *e, const tp_node *n, tp_val x, const iplan
   tp_type mt = *em_type(e, mask);
   int p = pl->mask_dim, k = mt.rank;
   for (int i = 0; i < k; i++)
-    if (mt.dims[i] != xt.dims[p + i])
+    if (mt.dims[i] != xt.dims[p + i]) {
+      char ms[TP_MAX_RANK * 24], xs[TP_MAX_RANK * 24];
       return em_fail(e, TP_OUT_OF_RANGE,
-                     "%s: The shape of the mask at index %d (%" PRId64 ") does not match the shape of the indexed "
-                     "tensor (%" PRId64 ") at index %d",
-                     n->op, i, mt.dims[i], xt.dims[p + i], p + i);
+                     "%s: The shape of the mask %s at index %d does not match the shape of the indexed tensor %s at "
+                     "index %d",
+                     n->op, dims_str(ms, sizeof ms, &mt), i, dims_str(xs, sizeof xs, &xt), p + i);
+    }
   /* x[mask] has shape x[:p] + [K] + x[p+k:]; values broadcast to it. */
   int rr = xt.rank - k + 1;
   const tp_type *vt = em_type(e, values);

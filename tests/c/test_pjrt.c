@@ -742,6 +742,35 @@ TEST(test_emit_dyn_slice) {
   em_free(e);
 }
 
+/* Float-only StableHLO ops refuse integer operands, and subtract a bool
+ * one, in the emitter (NotImplementedError naming the op being lowered),
+ * rather than in the compiler; float operands still emit. */
+TEST(test_emit_refuses_operand_dtypes) {
+  static const struct { const char *op; tp_dtype dt; } bad[] = {
+      {"stablehlo.exponential", TP_I64}, {"stablehlo.sqrt", TP_BOOL}, {"stablehlo.subtract", TP_BOOL},
+      {"stablehlo.abs", TP_U8}, {"chlo.erf", TP_I32}};
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+    tp_emit *e = em_new();
+    tp_type t = tp_type_make(bad[i].dt, 2, k2x3);
+    tp_val x = em_param(e, &t);
+    CHECK(em_set_op(e, "aten::test_op") == NULL);
+    tp_val y = em_unary(e, bad[i].op, x);
+    CHECK(y < 0 && em_failed(e));
+    tp_status *st = em_take_error(e);
+    CHECK(st && tp_status_code(st) == TP_UNIMPLEMENTED);
+    CHECK(st && strstr(tp_status_message(st), "\"aten::test_op\" not implemented for") != NULL);
+    CHECK(st && strstr(tp_status_message(st), tp_dtype_name(bad[i].dt)) != NULL);
+    tp_status_free(st);
+    em_free(e);
+  }
+  tp_emit *e = em_new();
+  tp_type f = tp_type_make(TP_F32, 2, k2x3), u = tp_type_make(TP_U8, 2, k2x3);
+  tp_val a = em_unary(e, "stablehlo.exponential", em_param(e, &f));
+  tp_val b = em_unary(e, "stablehlo.negate", em_param(e, &u));
+  CHECK(a >= 0 && b >= 0 && !em_failed(e));
+  em_free(e);
+}
+
 int main(void) {
   RUN(test_status);
   RUN(test_dtype);
@@ -783,6 +812,7 @@ int main(void) {
   RUN(test_threads);
   RUN(test_emit_while);
   RUN(test_emit_dyn_slice);
+  RUN(test_emit_refuses_operand_dtypes);
   tp_plugin_destroy(P);
   return ctest_finish();
 }

@@ -339,6 +339,42 @@ def test_errors_match_cpu(case, words):
         assert w in msg, msg
 
 
+_R = torch.randn
+_SAME_MESSAGE = {
+    "broadcast": lambda d: _R(2, 3, device=d) + _R(4, device=d),
+    "broadcast3": lambda d: torch.addcmul(_R(2, 3, device=d), _R(3, device=d), _R(5, 1, device=d)),
+    "linear": lambda d: torch.nn.functional.linear(_R(2, 3, 5, device=d), _R(4, 3, device=d)),
+    "addmm": lambda d: torch.addmm(_R(4, device=d), _R(2, 5, device=d), _R(3, 4, device=d)),
+    "conv_channels": lambda d: torch.nn.functional.conv2d(_R(1, 2, 5, 5, device=d), _R(4, 3, 3, 3, device=d)),
+    "conv_groups": lambda d: torch.nn.functional.conv2d(_R(1, 4, 5, 5, device=d), _R(3, 2, 3, 3, device=d),
+                                                        groups=2),
+    "conv_bias": lambda d: torch.nn.functional.conv1d(_R(1, 3, 5, device=d), _R(4, 3, 3, device=d),
+                                                      _R(5, device=d)),
+    "conv_transposed": lambda d: torch.nn.functional.conv_transpose2d(_R(1, 2, 5, 5, device=d),
+                                                                      _R(3, 4, 3, 3, device=d)),
+    "conv_stride": lambda d: torch.nn.functional.conv2d(_R(1, 3, 5, 5, device=d), _R(4, 3, 3, 3, device=d),
+                                                        stride=0),
+    "conv_kernel": lambda d: torch.nn.functional.conv3d(_R(1, 3, 2, 5, 5, device=d), _R(4, 3, 3, 3, 3, device=d)),
+    "softmax_dim": lambda d: torch.softmax(_R(2, 3, device=d), 2),
+    "sort_dim": lambda d: torch.sort(_R(2, 3, device=d), 2),
+    "index_select": lambda d: _R(2, 3, device=d).index_select(0, torch.zeros(2, 2, dtype=torch.long, device=d)),
+    "nll_target": lambda d: torch.nn.functional.nll_loss(_R(2, 3, device=d), torch.zeros(2, device=d)),
+    "layer_norm": lambda d: torch.nn.functional.layer_norm(_R(2, 3, 4, device=d), [3]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_SAME_MESSAGE))
+def test_errors_have_the_cpu_message(case):
+    """The CPU kernels' own checks, with their type and words, where
+    PyTorch's meta functions word them otherwise (or miss them: a 2-d
+    index_select index, a zero conv stride)."""
+    fn = _SAME_MESSAGE[case]
+    cpu = _cpu_error(fn)
+    with pytest.raises(type(cpu)) as info:
+        fn("tpu")
+    assert str(info.value) == str(cpu)
+
+
 def test_unsupported_op_names_op_and_fallback():
     x = torch.randn(4, 4, device="tpu")
     torch_pjrt.set_cpu_fallback(False)

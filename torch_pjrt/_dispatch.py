@@ -504,6 +504,129 @@ _NEEDS_NONEMPTY = {"max", "min", "amax", "amin", "argmax", "argmin", "aminmax", 
                    "mode"}
 
 
+def _sizes(t):
+    return f"[{', '.join(str(int(s)) for s in t.shape)}]"
+
+
+def _raise_broadcast(args, kwargs):
+    """The CPU's message (TensorIterator's) for tensors of a pointwise op
+    that do not broadcast: the last mismatching dim of the shape broadcast
+    so far (a) and the next tensor's (b)."""
+    shape = None
+    for t in [*args, *kwargs.values()]:
+        if not isinstance(t, torch.Tensor):
+            continue
+        if shape is None:
+            shape = list(t.shape)
+            continue
+        b, n = list(t.shape), max(len(shape), t.dim())
+        a, b = [1] * (n - len(shape)) + shape, [1] * (n - len(b)) + b
+        for i in reversed(range(n)):
+            if a[i] != b[i] and a[i] != 1 and b[i] != 1:
+                raise RuntimeError(f"The size of tensor a ({a[i]}) must match the size of tensor b ({b[i]}) at "
+                                   f"non-singleton dimension {i}") from None
+        shape = [max(x, y) if min(x, y) != 0 else 0 for x, y in zip(a, b)]
+
+
+def _check_mm(v):
+    a, b = v.get("mat1", v.get("self")), v.get("mat2")
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.dim() == 2 and b.dim() == 2 \
+            and a.shape[1] != b.shape[0]:
+        raise RuntimeError(f"mat1 and mat2 shapes cannot be multiplied ({a.shape[0]}x{a.shape[1]} and "
+                           f"{b.shape[0]}x{b.shape[1]})")
+
+
+def _check_conv(v):
+    """at::_convolution's argument checks (check_shape_forward), which the
+    CPU runs before any backend and PyTorch's meta function words otherwise."""
+    x, w, bias = v["input"], v["weight"], v.get("bias")
+    groups, transposed = v.get("groups", 1), v.get("transposed", False)
+    if not isinstance(x, torch.Tensor) or not isinstance(w, torch.Tensor):
+        return
+    n = x.dim() - 2
+    stride, padding, dilation = (list(v.get(k) or []) for k in ("stride", "padding", "dilation"))
+    for vals, bad, msg in ((padding, lambda p: p < 0, "negative padding is not supported"),
+                           (list(v.get("output_padding") or []), lambda p: p < 0,
+                            "negative output_padding is not supported"),
+                           (stride, lambda p: p <= 0, "non-positive stride is not supported"),
+                           (dilation, lambda p: p <= 0, "dilation should be greater than zero")):
+        if any(bad(p) for p in vals):
+            raise RuntimeError(msg)
+    ws = _sizes(w)
+    if w.dim() != x.dim():
+        raise RuntimeError(f"Expected {w.dim()}-dimensional input for {w.dim()}-dimensional weight {ws}, but got "
+                           f"{x.dim()}-dimensional input of size {_sizes(x)} instead")
+    if w.shape[0] < groups:
+        raise RuntimeError(f"Given groups={groups}, expected weight to be at least {groups} at dimension 0, but got "
+                           f"weight of size {ws} instead")
+    if w.shape[0] % groups:
+        raise RuntimeError(f"Given groups={groups}, expected weight to be divisible by {groups} at dimension 0, but "
+                           f"got weight of size [{ws}] instead")
+    has_bias = isinstance(bias, torch.Tensor)
+    if transposed:
+        if x.shape[1] != w.shape[0]:
+            raise RuntimeError(f"Given transposed=1, weight of size {ws}, expected input{_sizes(x)} to have "
+                               f"{w.shape[0]} channels, but got {x.shape[1]} channels instead")
+        if has_bias and (bias.dim() != 1 or bias.shape[0] != w.shape[1] * groups):
+            raise RuntimeError(f"Given transposed=1, weight of size {ws}, expected bias to be 1-dimensional with "
+                               f"{w.shape[1] * groups} elements, but got bias of size {_sizes(bias)} instead")
+        return
+    if x.shape[1] != w.shape[1] * groups:
+        raise RuntimeError(f"Given groups={groups}, weight of size {ws}, expected input{_sizes(x)} to have "
+                           f"{w.shape[1] * groups} channels, but got {x.shape[1]} channels instead")
+    if has_bias and (bias.dim() != 1 or bias.shape[0] != w.shape[0]):
+        raise RuntimeError(f"Given weight of size {ws}, expected bias to be 1-dimensional with {w.shape[0]} "
+                           f"elements, but got bias of size {_sizes(bias)} instead")
+    if len(padding) == n and len(dilation) == n:
+        padded = [x.shape[2 + i] + 2 * padding[i] for i in range(n)]
+        kernel = [dilation[i] * (w.shape[2 + i] - 1) + 1 for i in range(n)]
+        if any(p < k for p, k in zip(padded, kernel)):
+            raise RuntimeError(f"Calculated padded input size per channel: ({' x '.join(map(str, padded))}). "
+                               f"Kernel size: ({' x '.join(map(str, kernel))}). Kernel size can't be greater than "
+                               "actual input size")
+
+
+def _check_dim(v):
+    x, d = v.get("self"), v.get("dim")
+    if isinstance(x, torch.Tensor) and isinstance(d, int):
+        r = max(x.dim(), 1)
+        if not -r <= d < r:
+            raise IndexError(f"Dimension out of range (expected to be in range of [{-r}, {r - 1}], but got {d})")
+
+
+def _check_index_select(v):
+    _check_dim(v)
+    i = v.get("index")
+    if isinstance(i, torch.Tensor) and i.dim() > 1:
+        raise IndexError("index_select(): Index is supposed to be a vector")
+
+
+def _check_nll(v):
+    t = v.get("target")
+    if isinstance(t, torch.Tensor) and t.dtype not in (torch.int64, torch.uint8):
+        raise RuntimeError(f"expected target dtype to be Long or Byte, but got {_LEGACY_TYPE.get(t.dtype, t.dtype)}")
+
+
+def _check_layer_norm(v):
+    x, ns = v.get("input"), list(v.get("normalized_shape") or [])
+    if isinstance(x, torch.Tensor) and ns and (x.dim() < len(ns) or list(x.shape[x.dim() - len(ns):]) != ns):
+        raise RuntimeError(f"Given normalized_shape={ns}, expected input with shape [*, {', '.join(map(str, ns))}], "
+                           f"but got input of size{_sizes(x)}")
+
+
+# Argument checks of the CPU kernels, with their messages, where PyTorch's
+# meta functions word them otherwise or miss them (keyed by the op's base
+# name; called with the arguments by name, once per argument signature).
+_CPU_CHECKS = {
+    "mm": _check_mm, "addmm": _check_mm, "_addmm_activation": _check_mm,
+    "convolution": _check_conv, "_convolution": _check_conv, "convolution_overrideable": _check_conv,
+    "_softmax": _check_dim, "_log_softmax": _check_dim, "sort": _check_dim,
+    "index_select": _check_index_select,
+    "nll_loss_forward": _check_nll, "nll_loss2d_forward": _check_nll,
+    "native_layer_norm": _check_layer_norm,
+}
+
+
 def _check_nonempty(base, vals, names):
     x = vals[0]
     if any(isinstance(v, torch.Tensor) for v in vals[1:]) and "dim" not in names:
@@ -762,6 +885,8 @@ class _Handler:
                 # passes it unwrapped to boxed kernels): wrap it.
                 args, kwargs = self._wrap_numbers(args, kwargs)
                 return self._meta(args, kwargs)
+            if "Attempting to broadcast a dimension" in msg and torch.Tag.pointwise in self.op.tags:
+                _raise_broadcast(args, kwargs)
             # Some meta functions refuse a CPU scalar tensor next to meta
             # tensors; retry with those on meta as well.
             if "cpu" not in msg:
@@ -788,6 +913,9 @@ class _Handler:
             raise RuntimeError(f"{base}(): does not support bool input")
         if base == "multinomial" and vals[1] <= 0:
             raise RuntimeError("cannot sample n_sample <= 0 samples")
+        check = _CPU_CHECKS.get(base.rstrip("_"))
+        if check is not None:
+            check(dict(zip(names, vals)))
         same = _SAME_DTYPE.get(base.rstrip("_"))
         if same is not None and same[0] in names:
             src = vals[names.index(same[0])]

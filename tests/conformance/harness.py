@@ -50,9 +50,11 @@ DTYPES = {
     "int32": torch.int32,
     "bool": torch.bool,
 }
-# Measured only when asked for (--dtypes complex64): not part of the report
-# the issue defines, but where silent complex bugs show.
-OPTIONAL_DTYPES = {"complex64": torch.complex64}
+# Measured only when asked for (--dtypes complex64,float64,...): not part of
+# the report the issue defines, but where silent complex, double-precision
+# and narrow-integer bugs show.
+OPTIONAL_DTYPES = {"complex64": torch.complex64, "float64": torch.float64, "uint8": torch.uint8,
+                   "int8": torch.int8, "int16": torch.int16}
 ALL_DTYPES = {**DTYPES, **OPTIONAL_DTYPES}
 DTYPE_NAMES = {v: k for k, v in ALL_DTYPES.items()}
 

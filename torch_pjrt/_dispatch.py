@@ -508,6 +508,17 @@ def _sizes(t):
     return f"[{', '.join(str(int(s)) for s in t.shape)}]"
 
 
+def _check_mask(self, mask, pos):
+    """A mask indexing self from dim pos must have self's sizes there (the
+    CPU's IndexError; nonzero would otherwise pick elements silently)."""
+    if not isinstance(self, torch.Tensor):
+        return
+    for j in range(mask.dim()):
+        if pos + j < self.dim() and mask.shape[j] != self.shape[pos + j]:
+            raise IndexError(f"The shape of the mask {_sizes(mask)} at index {j} does not match the shape of "
+                             f"the indexed tensor {_sizes(self)} at index {pos + j}")
+
+
 def _raise_broadcast(args, kwargs):
     """The CPU's message (TensorIterator's) for tensors of a pointwise op
     that do not broadcast: the last mismatching dim of the shape broadcast
@@ -651,17 +662,6 @@ def _check_nonempty(base, vals, names):
 def _qualname(op):
     s = op._schema
     return f"{s.name}.{s.overload_name}" if s.overload_name else s.name
-
-
-def _check_mask(self, mask, pos):
-    """A mask indexing self from dim pos must have self's sizes there (the
-    CPU's IndexError; nonzero would otherwise pick elements silently)."""
-    if not isinstance(self, torch.Tensor):
-        return
-    for j in range(mask.dim()):
-        if pos + j < self.dim() and mask.shape[j] != self.shape[pos + j]:
-            raise IndexError(f"The shape of the mask {list(mask.shape)} at index {j} does not match the shape of "
-                             f"the indexed tensor {list(self.shape)} at index {pos + j}")
 
 
 class _Handler:

@@ -665,6 +665,20 @@ def test_upsample2d(xs, kw, mode, dtype):
     check_any(lambda x: F.interpolate(x, mode=mode, **kw), rnd(*xs, dtype=dtype), grad=True, dtype=dtype)
 
 
+@pytest.mark.parametrize("align_corners", [False, True])
+@pytest.mark.parametrize("xs,kw", UPSAMPLE_CASES + [((2, 3, 270, 270), dict(size=(130, 130)))])
+def test_bilinear_uint8_images(xs, kw, align_corners):
+    # uint8 is the one integer dtype the CPU interpolates; its separable
+    # kernel uses int16 fixed-point weights and rounds each pass, so a pixel
+    # may differ from it by one (it had come out all zeros: weights in uint8).
+    x = torch.randint(0, 256, xs, dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    exp = F.interpolate(x, mode="bilinear", align_corners=align_corners, **kw)
+    got = F.interpolate(x.to("tpu"), mode="bilinear", align_corners=align_corners, **kw).cpu()
+    assert got.dtype == torch.uint8 and got.shape == exp.shape
+    diff = (got.int() - exp.int()).abs()
+    assert diff.max() <= 1 and (diff > 0).float().mean() < 0.25, (diff.max(), (diff > 0).float().mean())
+
+
 def test_upsample_1d_3d_nonfinite():
     check(lambda x: F.interpolate(x, scale_factor=3, mode="nearest"), rnd(2, 3, 4), grad=True)
     check(lambda x: F.interpolate(x, scale_factor=2.5, mode="linear"), rnd(2, 3, 4), grad=True)

@@ -1851,10 +1851,19 @@ static int linear_src(const tp_node *n, int si, int align, int64_t in, int64_t o
   return 0;
 }
 
+/* uint8 images: the CPU's separable kernel rounds each pass's result to the
+ * nearest uint8 (its int16 fixed-point weights can move a value by one). */
+static tp_val round_to_u8(tp_emit *e, tp_val x) {
+  tp_val r = em_unary(e, "stablehlo.round_nearest_afz", x);
+  return em_clamp(e, em_const(e, 0, em_type(e, x)->dt), r, em_const(e, 255, em_type(e, x)->dt));
+}
+
 /* upsample_linear1d / upsample_bilinear2d / upsample_trilinear3d
- * (self, output_size, align_corners, scales...): separable, innermost dim first. */
+ * (self, output_size, align_corners, scales...): separable, innermost dim
+ * first; uint8 (the one integer dtype the CPU takes) in float32. */
 static void upsample_linear(tp_emit *e, const tp_node *n, tp_val *o, int nsp) {
-  tp_dtype ct = lw_opmath(n->outs[0].dt);
+  int u8 = n->outs[0].dt == TP_U8;
+  tp_dtype ct = u8 ? TP_F32 : lw_opmath(n->outs[0].dt);
   tp_val x = lw_tensor(e, n, 0, ct);
   tp_type t = *em_type(e, x);
   int L = t.rank - nsp, align = lw_bool(n, 2, 0);
@@ -1885,6 +1894,7 @@ static void upsample_linear(tp_emit *e, const tp_node *n, tp_val *o, int nsp) {
       int64_t dd = d;
       tp_val w0 = bcast(e, const_f(e, l0, out, ct), &at, &dd), w1 = bcast(e, const_f(e, l1, out, ct), &at, &dd);
       x = add(e, mul(e, a, w0), mul(e, b, w1));
+      if (u8) x = round_to_u8(e, x);
     }
     free(i0);
     free(l0);

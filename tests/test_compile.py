@@ -649,6 +649,33 @@ def test_rng_state_ops_run_on_tpu():
                            mask.cpu())
 
 
+@pytest.mark.parametrize("fork", ["fork_rng", "freeze_rng_state"])
+def test_rng_state_saved_and_restored_inside_a_compiled_function(fork):
+    """torch.random.fork_rng(device_type="tpu") and torch.testing's
+    freeze_rng_state (OpInfo's wrappers for random ops; it sets the state
+    under no_dispatch(), which Dynamo's tracing of set_rng_state failed on)
+    in compiled code: torch.tpu's functions run eagerly at a graph break, as
+    torch.cuda's do; the numbers drawn inside follow the seed, and the state
+    is restored afterwards."""
+    import torch._dynamo
+    from torch.testing._utils import freeze_rng_state
+
+    def f(x):
+        with (torch.random.fork_rng(devices=[0], device_type="tpu") if fork == "fork_rng" else freeze_rng_state()):
+            torch.tpu.manual_seed(5)
+            a = torch.nn.functional.dropout(x, 0.5)
+        return a * 2
+
+    torch._dynamo.reset()
+    x = torch.ones(64, device="tpu")
+    torch.tpu.manual_seed(1)
+    before = torch.tpu.get_rng_state()
+    got = torch.compile(f, backend="tpu")(x)
+    assert torch.equal(torch.tpu.get_rng_state(), before)
+    torch.tpu.manual_seed(5)
+    assert torch.equal(got.cpu(), (torch.nn.functional.dropout(x, 0.5) * 2).cpu())
+
+
 RANDOM = {
     "randn": lambda t, g: t + torch.randn(t.shape, device=t.device, **g),
     "rand": lambda t, g: t + torch.rand(t.shape, device=t.device, **g),

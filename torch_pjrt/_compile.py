@@ -1366,7 +1366,10 @@ def _skip_kernel_frames():
     inside a compiled function (after a graph break, or a graph run op by
     op) calls them, and Dynamo would trace and compile each kernel as a user
     frame.  Dynamo's skip list is a list of path prefixes (internal API;
-    without it the kernels are traced, slowly but correctly)."""
+    without it the kernels are traced, slowly but correctly).  torch.tpu
+    (device.py) is skipped too, as Dynamo skips torch.cuda's Python: its
+    functions run eagerly at a graph break (tracing set_rng_state, which
+    torch.random.fork_rng calls, failed in Dynamo's fake-tensor conversion)."""
     global _skipping
     if _skipping:
         return
@@ -1374,9 +1377,9 @@ def _skip_kernel_frames():
     try:
         from torch._dynamo import trace_rules
 
-        from . import _dispatch
+        from . import _dispatch, device
 
-        trace_rules.SKIP_DIRS.extend(m.__file__ for m in (_dispatch, _composite))
+        trace_rules.SKIP_DIRS.extend(m.__file__ for m in (_dispatch, _composite, device))
         trace_rules._recompile_re()
     except Exception:
         pass

@@ -122,6 +122,27 @@ def test_det_slogdet():
     check(torch.linalg.det, randn(2, 0, 0))
 
 
+@pytest.mark.parametrize("fn", [torch.linalg.det, lambda a: torch.linalg.slogdet(a)[1], torch.logdet],
+                         ids=["det", "slogdet", "logdet"])
+@pytest.mark.parametrize("transposed", [False, True])
+def test_det_gradient_compiled(fn, transposed):
+    # The backward reads _linalg_det's LU as that of A^T when A is contiguous
+    # (PyTorch's CPU convention): compiled graphs must factor A^T there too.
+    import torch._dynamo
+
+    a = spd(2, 5, 5) + 0.3 * randn(2, 5, 5)  # not symmetric
+    if transposed:
+        a = a.mT
+    g = []
+    for dev in ("cpu", "tpu"):
+        torch._dynamo.reset()
+        x = a.detach().to(dev).requires_grad_()
+        f = torch.compile(fn, backend="tpu") if dev == "tpu" else fn
+        f(x).sum().backward()
+        g.append(x.grad.cpu())
+    torch.testing.assert_close(g[1], g[0], rtol=1e-4, atol=1e-5)
+
+
 # ---- triangular solves and Cholesky -------------------------------------------------------
 
 @pytest.mark.parametrize("upper,left,unit", [(True, True, False), (False, True, True), (False, False, False),

@@ -22,7 +22,7 @@ from torch._prims import rng_prims as _rng_prims
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from . import _C, _composite
-from ._dispatch import _NUMBER_TYPES, _is_view, _qualname
+from ._dispatch import _LU_OF_TRANSPOSE, _NUMBER_TYPES, _is_view, _qualname
 from ._dtypes import CODE
 
 # Recompilation tracking ----------------------------------------------------
@@ -662,6 +662,8 @@ class GraphProgram:
             else:
                 v = None
             vals.append(self._arg(v, values, str(a.type) in _NUMBER_TYPES))
+        if name in _LU_OF_TRANSPOSE:
+            vals[0] = self._lu_of_transpose(args[0], vals[0])
         multi = isinstance(val, (tuple, list))
         outs = list(val) if multi else [val]
         defined = [o for o in outs if o is not None]
@@ -674,6 +676,16 @@ class GraphProgram:
                 ids.append(first + k)
                 k += 1
         return tuple(ids) if multi else ids[0]
+
+    def _lu_of_transpose(self, a, v):
+        """det/slogdet factor A^T when A is contiguous and real, as eager mode
+        does (_dispatch._LU_OF_TRANSPOSE): their backward formulas read the
+        LU and pivots outputs so, from the traced A's layout."""
+        t = a.meta.get("val") if isinstance(a, torch.fx.Node) else None
+        if not isinstance(t, torch.Tensor) or not t.is_contiguous() or t.is_complex() or t.dim() < 2:
+            return v
+        order = list(range(t.dim() - 2)) + [t.dim() - 1, t.dim() - 2]
+        return ("V", _C.graph_add(self.gid, "aten::permute", (v, order), [_type(t.mT)]))
 
     def _add_cond(self, n, values):
         """torch.cond(pred, true_fn, false_fn, operands): both branches are

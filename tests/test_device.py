@@ -306,6 +306,26 @@ def test_cpu_scalar_tensor_is_allowed():
     assert torch.equal((a * torch.tensor(3.0)).cpu(), torch.full((2,), 3.0))
 
 
+@pytest.mark.parametrize("case", ["fill", "zero", "fill_tensor", "add", "copy", "mul"])
+def test_writes_through_an_expanded_view_follow_cpu(case):
+    # A stride-0 view aliases elements: the CPU lets fill_(number) and zero_
+    # write through it (one value for all) and refuses other in-place ops.
+    fn = {"fill": lambda v: v.fill_(4.0), "zero": lambda v: v.zero_(),
+          "fill_tensor": lambda v: v.fill_(torch.tensor(2.0, device=v.device)),
+          "add": lambda v: v.add_(1), "copy": lambda v: v.copy_(torch.zeros(2, 3, device=v.device)),
+          "mul": lambda v: v.mul_(2)}[case]
+    res = []
+    for dev in ("cpu", "tpu"):
+        base = torch.arange(6.0).view(2, 3).to(dev)
+        view = base[:, :1].expand(2, 3)
+        try:
+            fn(view)
+            res.append(("ok", base.cpu().tolist()))
+        except RuntimeError as e:
+            res.append(("error", str(e)))
+    assert res[1] == res[0]
+
+
 # ---- errors ---------------------------------------------------------------------
 
 

@@ -915,7 +915,12 @@ static int full_cover(const tp_tensor_ref *r) {
   return 1;
 }
 
-static void view_write(tp_emit *e, tp_lower_ctx *c, const tp_tensor_ref *r, tp_val v) {
+/* Ops that may write through an expanded view (stride 0 over a dim longer
+ * than 1), as PyTorch's CPU kernels allow them (fill_ with a number, zero_):
+ * every aliased element gets the same value. */
+static int fills(const char *op) { return strcmp(op, "aten::fill_.Scalar") == 0 || strcmp(op, "aten::zero_") == 0; }
+
+static void view_write(tp_emit *e, tp_lower_ctx *c, const tp_tensor_ref *r, tp_val v, int fill) {
   if (ref_numel(r) == 0) return;
   int s = storage_index(c, r->st);
   if (s < 0) {
@@ -932,7 +937,7 @@ static void view_write(tp_emit *e, tp_lower_ctx *c, const tp_tensor_ref *r, tp_v
   tp_val flat = reinterpret(e, cur, r->dt);
   box_plan p;
   if (!plan_box(r, &p) || p.expanded) {
-    if (p.expanded) {
+    if (p.expanded && !fill) {
       em_fail(e, TP_INVALID_ARGUMENT,
               "unsupported operation: more than one element of the written-to tensor refers to a single "
               "memory location. Please clone() the tensor before performing the operation.");
@@ -1262,7 +1267,7 @@ static tp_status *build_entry(tp_plugin *p, tp_lower_ctx *c, const char *op, tp_
               tp_type_str(vt, a, sizeof a), i, tp_type_str(&want, b, sizeof b));
       break;
     }
-    view_write(e, c, &outs[i], ov[i]);
+    view_write(e, c, &outs[i], ov[i], fills(op));
   }
   if (!em_failed(e) && c->nchecks > 0 && (st = emit_flag_update(p, e, c, op, en)) != NULL) goto done;
   int nres = 0;

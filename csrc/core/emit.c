@@ -220,7 +220,6 @@ const char *em_finish(tp_emit *e, const tp_val *results, int n) {
   return m->p;
 }
 
-/* Write "%vN = "name"(ins) {attrs} : (in types) -> out type" */
 /* StableHLO ops whose operands must be floating-point or complex, and
  * arithmetic it does not define on booleans (its verifier's rules).  A rule
  * that hands them such an operand, because the op got an input dtype
@@ -260,6 +259,7 @@ static int operand_dtype_ok(tp_emit *e, const char *name, const tp_val *in, int 
   return 1;
 }
 
+/* Write "%vN = "name"(ins) {attrs} : (in types) -> out type" */
 static tp_val emit_line(tp_emit *e, const char *name, const char *attrs, const tp_val *in, int nin,
                         const tp_type *out_in) {
   for (int i = 0; i < nin; i++)

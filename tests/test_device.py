@@ -374,6 +374,8 @@ _SAME_MESSAGE = {
                                                                       _R(3, 4, 3, 3, device=d)),
     "conv_stride": lambda d: torch.nn.functional.conv2d(_R(1, 3, 5, 5, device=d), _R(4, 3, 3, 3, device=d),
                                                         stride=0),
+    "conv_dilation": lambda d: torch.nn.functional.conv2d(_R(1, 3, 5, 5, device=d), _R(4, 3, 3, 3, device=d),
+                                                          dilation=0),
     "conv_kernel": lambda d: torch.nn.functional.conv3d(_R(1, 3, 2, 5, 5, device=d), _R(4, 3, 3, 3, 3, device=d)),
     "softmax_dim": lambda d: torch.softmax(_R(2, 3, device=d), 2),
     "sort_dim": lambda d: torch.sort(_R(2, 3, device=d), 2),

@@ -560,7 +560,8 @@ def _check_conv(v):
                            (list(v.get("output_padding") or []), lambda p: p < 0,
                             "negative output_padding is not supported"),
                            (stride, lambda p: p <= 0, "non-positive stride is not supported"),
-                           (dilation, lambda p: p <= 0, "dilation should be greater than zero")):
+                           (dilation, lambda p: p < 0, "dilation should be greater than zero"),
+                           (dilation, lambda p: p == 0, f"dilation should be greater than zero, but got {dilation}")):
         if any(bad(p) for p in vals):
             raise RuntimeError(msg)
     ws = _sizes(w)

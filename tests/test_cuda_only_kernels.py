@@ -437,6 +437,42 @@ def test_multilabel_margin_loss(reduction, compiled):
         torch.testing.assert_close(out[1][1], out[0][1])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_fake_quantize_matches_cpu_bit_for_bit(dtype):
+    """Quantization-aware training's fake quantization (per tensor with float
+    or tensor qparams, per channel), values and masks, and the gradient
+    through the FakeQuantize modules."""
+    g = torch.Generator().manual_seed(0)
+    x = (torch.randn(6, 5, generator=g) * 3).to(dtype)
+    x[0, :3] = torch.tensor([0.25, 0.35, 0.05]).to(dtype)  # ties at scale 0.1 (round half to even)
+    tpu = lambda t: t.to("tpu")
+    for args in ((0.1, 3, -128, 127), (0.0123, 0, 0, 255), (0.5, -2, -8, 7)):
+        assert torch.equal(torch.fake_quantize_per_tensor_affine(tpu(x), *args).cpu(),
+                           torch.fake_quantize_per_tensor_affine(x, *args))
+        sc, zp = torch.tensor([args[0]]), torch.tensor([args[1]], dtype=torch.int32)
+        assert torch.equal(torch.fake_quantize_per_tensor_affine(tpu(x), tpu(sc), tpu(zp), *args[2:]).cpu(),
+                           torch.fake_quantize_per_tensor_affine(x, sc, zp, *args[2:]))
+    sc = torch.rand(5, generator=g) * 0.2 + 0.01
+    zp = torch.tensor([0, 1, -3, 4, 2], dtype=torch.int32)
+    assert torch.equal(torch.fake_quantize_per_channel_affine(tpu(x), tpu(sc), tpu(zp), 1, -10, 10).cpu(),
+                       torch.fake_quantize_per_channel_affine(x, sc, zp, 1, -10, 10))
+    if dtype != torch.float32:
+        return
+    for make in (lambda: torch.ao.quantization.FakeQuantize(),
+                 lambda: torch.ao.quantization.FakeQuantize(
+                     observer=torch.ao.quantization.MovingAveragePerChannelMinMaxObserver, quant_min=-128,
+                     quant_max=127, dtype=torch.qint8, qscheme=torch.per_channel_symmetric, ch_axis=0)):
+        res = []
+        for dev in ("cpu", "tpu"):
+            fq = make().to(dev)
+            xi = x.detach().clone().to(dev).requires_grad_()
+            y = fq(xi)
+            (y * torch.arange(5.0, device=dev)).sum().backward()
+            res.append((y.detach().cpu(), xi.grad.cpu(), fq.scale.cpu(), fq.zero_point.cpu()))
+        for a, b in zip(*res):
+            assert torch.equal(a, b)
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("opt_cls,kw", [
     (torch.optim.Adam, {"lr": 1e-2}),

@@ -632,6 +632,64 @@ def _kaiser_window(window_length, periodic=True, beta=12.0, *, dtype=None, layou
     return w[:window_length] if periodic else w
 
 
+# ---- fake quantization (quantization-aware training) ----------------------
+# PyTorch's CPU kernels (fake_quantize_tensor_cachemask_kernel and the
+# per-channel one): q = zero_point + nearbyint(x * inv_scale), x * inv_scale
+# in float32 with inv_scale = 1.0f / (float)scale; the mask says whether q
+# lies in [quant_min, quant_max]; the output (clamp(q) - zero_point) * scale
+# is computed in double and rounded once to x's dtype.  The backward
+# (grad * mask) is PyTorch's own composite.
+
+def _f32(v):
+    return torch.tensor(v, dtype=torch.float32).item()
+
+
+def _fake_quant(x, inv_scale, scale, zero_point, quant_min, quant_max):
+    q = torch.round(x.float() * inv_scale) + zero_point  # round: half to even, as nearbyint
+    mask = (q >= quant_min) & (q <= quant_max)
+    out = (q.double().clamp(quant_min, quant_max) - zero_point) * scale
+    return out.to(x.dtype), mask
+
+
+def _check_quant_range(quant_min, quant_max):
+    if quant_min > quant_max:
+        raise RuntimeError("`quant_min` should be less than or equal to `quant_max`.")
+
+
+def _fake_quantize_per_tensor_cachemask(x, scale, zero_point, quant_min, quant_max):
+    _check_quant_range(quant_min, quant_max)
+    if not quant_min <= zero_point <= quant_max:
+        raise RuntimeError("`zero_point` must be between `quant_min` and `quant_max`.")
+    sc = _f32(scale)
+    return _fake_quant(x, _f32(1.0 / sc), sc, zero_point, quant_min, quant_max)
+
+
+def _fake_quantize_per_tensor_cachemask_tensor_qparams(x, scale, zero_point, fake_quant_enabled, quant_min,
+                                                       quant_max):
+    """The form FakeQuantize modules call: scale and zero_point as tensors,
+    fake_quant_enabled a 0/1 tensor (disabled: x itself, mask all true)."""
+    _check_quant_range(quant_min, quant_max)
+    sc = scale.reshape(()).float()
+    zp = zero_point.reshape(()).to(torch.int64)
+    out, mask = _fake_quant(x, 1.0 / sc, sc.double(), zp, quant_min, quant_max)
+    on = fake_quant_enabled.reshape(()).to(x.device) != 0
+    return torch.where(on, out, x), mask | ~on
+
+
+def _fake_quantize_per_channel_cachemask(x, scale, zero_point, axis, quant_min, quant_max):
+    _check_quant_range(quant_min, quant_max)
+    if scale.dim() != 1 or zero_point.dim() != 1 or scale.numel() != x.shape[axis] or \
+            zero_point.numel() != x.shape[axis]:
+        raise RuntimeError("dimensions of scale and zero-point are not consistent with input tensor")
+    shape = [1] * x.dim()
+    shape[axis] = -1
+    sc = scale.float().reshape(shape)
+    zp = zero_point.reshape(shape)
+    if not zp.is_floating_point():
+        zp = zp.to(torch.int64)
+    return _fake_quant(x, 1.0 / sc, sc.double(), zp, quant_min, quant_max)
+
+
 KERNELS = {
     "aten::kaiser_window.beta": _kaiser_window,
     "aten::grid_sampler_3d": _grid_sampler_3d,
@@ -666,6 +724,10 @@ KERNELS = {
     "aten::_fused_sgd_.tensor_lr": _fused_sgd,
     "aten::_fused_adagrad_": _fused_adagrad,
     "aten::_fused_adagrad_.tensor_lr": _fused_adagrad,
+    "aten::fake_quantize_per_tensor_affine_cachemask": _fake_quantize_per_tensor_cachemask,
+    "aten::_fake_quantize_per_tensor_affine_cachemask_tensor_qparams":
+        _fake_quantize_per_tensor_cachemask_tensor_qparams,
+    "aten::fake_quantize_per_channel_affine_cachemask": _fake_quantize_per_channel_cachemask,
 }
 
 

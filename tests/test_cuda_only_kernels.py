@@ -473,6 +473,75 @@ def test_fake_quantize_matches_cpu_bit_for_bit(dtype):
             assert torch.equal(a, b)
 
 
+def test_fused_observer_fake_quantize_matches_cpu():
+    """FusedMovingAvgObsFakeQuantize (PyTorch's default QAT qconfig, its fused
+    observer): outputs, gradients, scales and zero points bit for bit, per
+    tensor affine and symmetric and per channel, with the observer and the
+    fake quantization switched off on the way."""
+    import torch.ao.quantization as Q
+
+    qc = Q.get_default_qat_qconfig("x86")
+    sym = Q.FusedMovingAvgObsFakeQuantize.with_args(observer=Q.MovingAverageMinMaxObserver, quant_min=-128,
+                                                    quant_max=127, dtype=torch.qint8,
+                                                    qscheme=torch.per_tensor_symmetric)
+    res = {}
+    for dev in ("cpu", "tpu"):
+        mods = [qc.activation().to(dev), qc.weight().to(dev), sym().to(dev)]
+        g, outs = torch.Generator().manual_seed(3), []
+        for step in range(4):
+            x = (torch.randn(4, 6, generator=g) * (step + 1)).to(dev).requires_grad_()
+            if step == 2:
+                mods[0].disable_observer()
+                mods[1].disable_fake_quant()
+            for m in mods:
+                y = m(x)
+                (y * torch.arange(6.0, device=dev)).sum().backward()
+                outs.append((y.detach().cpu(), x.grad.cpu(), m.scale.cpu().clone(), m.zero_point.cpu().clone()))
+                x.grad = None
+        res[dev] = outs
+    for a, b in zip(res["cpu"], res["tpu"]):
+        for u, v in zip(a, b):
+            assert torch.equal(u, v)
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_quantization_aware_training_matches_cpu(compiled):
+    import copy
+
+    import torch.ao.quantization as Q
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.q, self.dq = Q.QuantStub(), Q.DeQuantStub()
+            self.l1, self.l2 = nn.Linear(6, 8), nn.Linear(8, 3)
+
+        def forward(self, x):
+            return self.dq(self.l2(torch.relu(self.l1(self.q(x)))))
+
+    torch.manual_seed(0)
+    base = Net()
+    base.qconfig = Q.get_default_qat_qconfig("x86")
+    base = Q.prepare_qat(base.train())
+    res = []
+    for dev in ("cpu", "tpu"):
+        m = copy.deepcopy(base).to(dev)
+        opt = torch.optim.SGD(m.parameters(), lr=0.1)
+        f = torch.compile(m, backend="tpu") if compiled and dev == "tpu" else m
+        g, losses = torch.Generator().manual_seed(1), []
+        for _ in range(4):
+            x, y = torch.randn(5, 6, generator=g).to(dev), torch.randint(0, 3, (5,), generator=g).to(dev)
+            loss = torch.nn.functional.cross_entropy(f(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        res.append((losses, {k: v.detach().cpu() for k, v in m.state_dict().items()}))
+    torch.testing.assert_close(torch.tensor(res[1][0]), torch.tensor(res[0][0]), rtol=1e-6, atol=1e-6)
+    for k, v in res[0][1].items():
+        torch.testing.assert_close(res[1][1][k], v, rtol=1e-5, atol=1e-6, msg=k)
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("opt_cls,kw", [
     (torch.optim.Adam, {"lr": 1e-2}),

@@ -690,6 +690,64 @@ def _fake_quantize_per_channel_cachemask(x, scale, zero_point, axis, quant_min, 
     return _fake_quant(x, 1.0 / sc, sc.double(), zp, quant_min, quant_max)
 
 
+def _fbgemm_qparams(mn, mx, quant_min, quant_max, preserve_sparsity):
+    """fbgemm::ChooseQuantizationParams (which PyTorch's fused observer calls),
+    elementwise over float32 min/max tensors: (scale float32, zero point)."""
+    if preserve_sparsity:
+        sqmin, sqmax = -((quant_max - quant_min) // 2 + 1), (quant_max - quant_min) // 2
+        sym = (mn < 0) & (mx > 0)
+        ms = torch.maximum((mn / sqmin).abs(), (mx / sqmax).abs()).double()
+        mn = torch.where(sym, (ms * sqmin).float(), mn)
+        mx = torch.where(sym, (ms * sqmax).float(), mx)
+    mn, mx = mn.clamp(max=0.0), mx.clamp(min=0.0)
+    scale = ((mx.double() - mn.double()) / (quant_max - quant_min)).float()
+    scale = torch.where((scale == 0) | torch.isinf(1.0 / scale), torch.full_like(scale, 0.1), scale)
+    s = scale.double()
+    lo, hi = mn.double() / s, mx.double() / s
+    z = torch.where(abs(quant_min) - lo.abs() < abs(quant_max) - hi.abs(), quant_min - lo, quant_max - hi)
+    if preserve_sparsity:
+        z = torch.where((mn < 0) & (mx > 0), torch.full_like(z, (quant_min + quant_max) / 2), z)
+    z = torch.where(z < quant_min, quant_min, torch.where(z > quant_max, quant_max, torch.round(z)))
+    return scale, z
+
+
+def _fused_moving_avg_obs_fq_helper(x, observer_on, fake_quant_on, running_min, running_max, scale, zero_point,
+                                    averaging_const, quant_min, quant_max, ch_axis, per_row_fake_quant=False,
+                                    symmetric_quant=False):
+    """The fused observer and fake quantization of PyTorch's default QAT
+    qconfig (FusedMovingAvgObsFakeQuantize), as its CPU kernel: the running
+    min/max move towards the batch's (taken as they are while still
+    infinite), then scale and zero point follow them and x is fake-quantized
+    per tensor or per row of ch_axis; both steps obey their 0/1 switches."""
+    if ch_axis >= x.dim():
+        raise RuntimeError("Error in fused_moving_avg_obs_fake_quant_cpu: ch_axis must be < self.dim()")
+    if per_row_fake_quant:
+        y = x if x.dim() == 2 else x.transpose(0, ch_axis).flatten(1)
+        if running_min.numel() == 0:
+            n = x.shape[ch_axis]
+            running_min.resize_(n).fill_(math.inf)
+            running_max.resize_(n).fill_(-math.inf)
+            scale.resize_(n)
+            zero_point.resize_(n)
+        cur_min, cur_max = torch.aminmax(y, dim=1)
+    else:
+        cur_min, cur_max = torch.aminmax(x)
+    observe, fake = observer_on.reshape(-1)[0] != 0, fake_quant_on.reshape(-1)[0] != 0
+    a = _f32(averaging_const)
+    for run, cur in ((running_min, cur_min), (running_max, cur_max)):
+        moved = torch.where(torch.isinf(run), cur.to(run.dtype), run + a * (cur.to(run.dtype) - run))
+        run.copy_(torch.where(observe, moved, run))
+    sc, zp = _fbgemm_qparams(running_min.float(), running_max.float(), quant_min, quant_max, symmetric_quant)
+    scale.copy_(torch.where(fake, sc.to(scale.dtype), scale))
+    zero_point.copy_(torch.where(fake, zp.to(zero_point.dtype), zero_point))
+    if per_row_fake_quant:
+        out, mask = _fake_quantize_per_channel_cachemask(x, scale, zero_point, ch_axis, quant_min, quant_max)
+    else:
+        out, mask = _fake_quantize_per_tensor_cachemask_tensor_qparams(x, scale, zero_point, fake.long(),
+                                                                       quant_min, quant_max)
+    return torch.where(fake, out, x), mask | ~fake
+
+
 KERNELS = {
     "aten::kaiser_window.beta": _kaiser_window,
     "aten::grid_sampler_3d": _grid_sampler_3d,
@@ -728,6 +786,7 @@ KERNELS = {
     "aten::_fake_quantize_per_tensor_affine_cachemask_tensor_qparams":
         _fake_quantize_per_tensor_cachemask_tensor_qparams,
     "aten::fake_quantize_per_channel_affine_cachemask": _fake_quantize_per_channel_cachemask,
+    "aten::_fused_moving_avg_obs_fq_helper": _fused_moving_avg_obs_fq_helper,
 }
 
 

@@ -1380,8 +1380,9 @@ def _skip_kernel_frames():
     frame.  Dynamo's skip list is a list of path prefixes (internal API;
     without it the kernels are traced, slowly but correctly).  torch.tpu
     (device.py) is skipped too, as Dynamo skips torch.cuda's Python: its
-    functions run eagerly at a graph break (tracing set_rng_state, which
-    torch.random.fork_rng calls, failed in Dynamo's fake-tensor conversion)."""
+    functions run eagerly at a graph break (tracing set_rng_state inside
+    torch.testing's freeze_rng_state failed in Dynamo's fake-tensor
+    conversion)."""
     global _skipping
     if _skipping:
         return

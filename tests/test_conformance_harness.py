@@ -117,3 +117,15 @@ def test_float32_sums_judged_normwise():
     assert harness._closer_than_cpu(a, e, r, TOL)
     wrong = (r + torch.tensor([0.0, 1e-3, 0.0], dtype=torch.float64)).float()
     assert not harness._closer_than_cpu(wrong, e, r, TOL)
+
+
+def test_compiled_mode_runs_the_samples_through_torch_compile(monkeypatch):
+    # `--compiled` (CONFORMANCE_COMPILED=1): each tpu sample is one compiled
+    # graph, lowered as a whole; det's gradient there reads the LU of A^T.
+    import torch_pjrt
+
+    monkeypatch.setattr(harness, "COMPILED", True)
+    before = torch_pjrt.metrics()["graphs_lowered"]
+    rec = harness.run_node(_op("linalg.det"), "float32", grad=True, max_samples=3)
+    assert rec["status"] == "pass" and rec["grad"]["status"] == "pass", rec
+    assert torch_pjrt.metrics()["graphs_lowered"] - before >= 3

@@ -61,7 +61,8 @@ def _plugin():
 
 
 def run_conformance(ops=None, dtypes=None, grad=True, workers=1, timeout=600.0, progress=None,
-                    previous=None, checkpoint=None, max_tasks_per_worker=40, keep_logs=None, max_samples=None):
+                    previous=None, checkpoint=None, max_tasks_per_worker=40, keep_logs=None, max_samples=None,
+                    compiled=False):
     """Run the harness and return the report dict (meta, summary, totals,
     results).  `previous`: results of an earlier report to reuse (resume).
     `checkpoint(report)` is called now and then with a partial report."""
@@ -93,6 +94,7 @@ def run_conformance(ops=None, dtypes=None, grad=True, workers=1, timeout=600.0, 
         "timeout": timeout,
         "opinfos": len(select(ops, dtypes)[0]),
         "max_samples": max_samples,
+        "compiled": compiled,
     }
     last = [time.time()]
 
@@ -112,7 +114,8 @@ def run_conformance(ops=None, dtypes=None, grad=True, workers=1, timeout=600.0, 
 
     runner.run(tasks, grad=grad, workers=workers, timeout=timeout, progress=progress, on_result=on_result,
                max_tasks_per_worker=max_tasks_per_worker, keep_logs=keep_logs,
-               extra_env={"CONFORMANCE_MAX_SAMPLES": str(max_samples or 0)})
+               extra_env={"CONFORMANCE_MAX_SAMPLES": str(max_samples or 0),
+                          "CONFORMANCE_COMPILED": "1" if compiled else "0"})
     return make(False)
 
 
@@ -128,6 +131,8 @@ def command_line(args):
         parts.append(f"--dtypes {args.dtypes}")
     if not args.grad:
         parts.append("--no-grad")
+    if args.compiled:
+        parts.append("--compiled")
     parts.append(f"--workers {args.workers}")
     if args.json:
         parts.append(f"--json {args.json}")
@@ -151,6 +156,8 @@ def main(argv=None):
     p.add_argument("--workers", type=int, default=1, help="worker processes (default 1)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per (op, dtype) node before it is a crash")
     p.add_argument("--max-samples", type=int, default=0, help="at most this many samples per node (0: all)")
+    p.add_argument("--compiled", action="store_true",
+                   help="run the tpu side through torch.compile(backend='tpu'), one graph per sample")
     p.add_argument("--max-tasks-per-worker", type=int, default=40, help="replace a worker after this many OpInfos")
     p.add_argument("--resume", action="store_true", help="reuse the non-crash results already in --json")
     p.add_argument("--logs", help="keep the workers' stderr logs in this directory")
@@ -205,7 +212,7 @@ def main(argv=None):
     report = run_conformance(ops, dtypes, grad=args.grad, workers=args.workers, timeout=args.timeout,
                              progress=progress, previous=previous, checkpoint=checkpoint,
                              max_tasks_per_worker=args.max_tasks_per_worker, keep_logs=args.logs,
-                             max_samples=args.max_samples or None)
+                             max_samples=args.max_samples or None, compiled=args.compiled)
     report["meta"]["command"] = command_line(args)
     if previous:  # a resumed run: report the time of both
         report["meta"]["wall_seconds"] = round(report["meta"]["wall_seconds"]
@@ -226,6 +233,8 @@ def main(argv=None):
     print(f"  grad      " + "  ".join(f"{s} {g[s]}" for s in rep.ALL_STATUSES) + f"  pass rate {rep._pct(g['pass_rate'])}")
 
     rc = 0
+    if args.compiled and (args.update_expected or args.check_expected):
+        raise SystemExit("expected.json holds eager-mode statuses: --update-expected/--check-expected take no --compiled")
     if args.update_expected or args.check_expected:
         if args.update_expected:
             write_expected(report)

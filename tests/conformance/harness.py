@@ -38,6 +38,8 @@ import re
 import time
 import traceback
 
+import os
+
 import torch
 
 UNSUPPORTED_TEXT = "not currently implemented for the tpu device"
@@ -716,9 +718,20 @@ SEED = 0
 PROBE_SEED = 12345
 
 
-def _call(op, parts, seed):
+# CONFORMANCE_COMPILED=1 (`--compiled`): the tpu side runs each sample
+# through torch.compile(backend="tpu") instead of eagerly, where PyTorch's
+# decompositions and meta shapes, not eager mode's, reach the lowering rules.
+COMPILED = os.environ.get("CONFORMANCE_COMPILED") == "1"
+
+
+def _call(op, parts, seed, compiled=False):
     torch.manual_seed(seed)
     inp, args, kwargs = parts
+    if compiled:
+        import torch._dynamo as dynamo
+
+        dynamo.reset()
+        return torch.compile(lambda i, a, k: op(i, *a, **k), backend="tpu")(inp, args, kwargs)
     if seed != PROBE_SEED:
         return op(inp, *args, **kwargs)
     # The randomness probe: OpInfo wrappers that reseed (wrapper_set_seed:
@@ -844,7 +857,7 @@ def run_forward(op, dtype, max_samples=None):
         except Exception:
             pass
         try:
-            actual = _call(op, tpu_parts, SEED)
+            actual = _call(op, tpu_parts, SEED, COMPILED)
             actual = s.output_process_fn_grad(actual)
         except Exception as e:
             st, msg = classify_exception(e)
@@ -919,7 +932,7 @@ def run_grad(op, max_samples=None):
         except Exception:
             pass
         try:
-            actual = s.output_process_fn_grad(_call(op, tpu_parts, SEED))
+            actual = s.output_process_fn_grad(_call(op, tpu_parts, SEED, COMPILED))
             a_outs = _diff_outputs(actual)
             a_ins = _grad_inputs(tpu_parts)
             if len(a_outs) != len(e_outs) or len(a_ins) != len(e_ins):

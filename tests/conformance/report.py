@@ -218,6 +218,8 @@ def markdown(report, command):
     w("```sh")
     w(command)
     w("python -m tests.conformance --ci --workers 2 --check-expected    # --update-expected rewrites expected.json")
+    w("python -m tests.conformance --compiled --workers 2 --max-samples 3 --json compiled.json    "
+      "# the tpu side through torch.compile (not in this report)")
     w("```")
     w("")
     w(f"**{summary_line(tot)}** ({_pct(a['pass_rate'])}); gradients at float32: "

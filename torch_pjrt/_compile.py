@@ -22,7 +22,7 @@ from torch._prims import rng_prims as _rng_prims
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from . import _C, _composite
-from ._dispatch import _LU_OF_TRANSPOSE, _NUMBER_TYPES, _is_view, _qualname
+from ._dispatch import _LU_OF_TRANSPOSE, _NUMBER_TYPES, _factors_transpose, _is_view, _qualname
 from ._dtypes import CODE
 
 # Recompilation tracking ----------------------------------------------------
@@ -682,7 +682,7 @@ class GraphProgram:
         does (_dispatch._LU_OF_TRANSPOSE): their backward formulas read the
         LU and pivots outputs so, from the traced A's layout."""
         t = a.meta.get("val") if isinstance(a, torch.fx.Node) else None
-        if not isinstance(t, torch.Tensor) or not t.is_contiguous() or t.is_complex() or t.dim() < 2:
+        if not isinstance(t, torch.Tensor) or t.dim() < 2 or not _factors_transpose(t):
             return v
         order = list(range(t.dim() - 2)) + [t.dim() - 1, t.dim() - 2]
         return ("V", _C.graph_add(self.gid, "aten::permute", (v, order), [_type(t.mT)]))

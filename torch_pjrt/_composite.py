@@ -740,11 +740,10 @@ def _fused_moving_avg_obs_fq_helper(x, observer_on, fake_quant_on, running_min, 
     sc, zp = _fbgemm_qparams(running_min.float(), running_max.float(), quant_min, quant_max, symmetric_quant)
     scale.copy_(torch.where(fake, sc.to(scale.dtype), scale))
     zero_point.copy_(torch.where(fake, zp.to(zero_point.dtype), zero_point))
-    if per_row_fake_quant:
-        out, mask = _fake_quantize_per_channel_cachemask(x, scale, zero_point, ch_axis, quant_min, quant_max)
-    else:
-        out, mask = _fake_quantize_per_tensor_cachemask_tensor_qparams(x, scale, zero_point, fake.long(),
-                                                                       quant_min, quant_max)
+    if not per_row_fake_quant:  # it obeys the switch itself
+        return _fake_quantize_per_tensor_cachemask_tensor_qparams(x, scale, zero_point, fake.long(), quant_min,
+                                                                  quant_max)
+    out, mask = _fake_quantize_per_channel_cachemask(x, scale, zero_point, ch_axis, quant_min, quant_max)
     return torch.where(fake, out, x), mask | ~fake
 
 

@@ -470,6 +470,11 @@ _POST = {"aten::linalg_lstsq": _lstsq_post, "aten::_linalg_svd": _svd_post, "ate
 # (det(A^T) = det(A)).
 _LU_OF_TRANSPOSE = {"aten::_linalg_det", "aten::_linalg_slogdet"}
 
+
+def _factors_transpose(a):
+    """Whether those kernels factor a^T (eager calls and compiled graphs alike)."""
+    return a.is_contiguous() and not a.is_complex()
+
 # linalg ops with a check_errors argument -> the API name in PyTorch's errors.
 _CHECK_ERRORS = {
     "aten::linalg_cholesky_ex": "linalg.cholesky_ex",
@@ -598,16 +603,7 @@ def _check_conv(v):
                                "actual input size")
 
 
-def _check_dim(v):
-    x, d = v.get("self"), v.get("dim")
-    if isinstance(x, torch.Tensor) and isinstance(d, int):
-        r = max(x.dim(), 1)
-        if not -r <= d < r:
-            raise IndexError(f"Dimension out of range (expected to be in range of [{-r}, {r - 1}], but got {d})")
-
-
 def _check_index_select(v):
-    _check_dim(v)
     i = v.get("index")
     if isinstance(i, torch.Tensor) and i.dim() > 1:
         raise IndexError("index_select(): Index is supposed to be a vector")
@@ -632,7 +628,6 @@ def _check_layer_norm(v):
 _CPU_CHECKS = {
     "mm": _check_mm, "addmm": _check_mm, "_addmm_activation": _check_mm,
     "convolution": _check_conv, "_convolution": _check_conv, "convolution_overrideable": _check_conv,
-    "_softmax": _check_dim, "_log_softmax": _check_dim, "sort": _check_dim,
     "index_select": _check_index_select,
     "nll_loss_forward": _check_nll, "nll_loss2d_forward": _check_nll,
     "native_layer_norm": _check_layer_norm,
@@ -1064,7 +1059,7 @@ class _Handler:
                 self.meta_cache.clear()
             self.meta_cache[key] = spec
         multi, specs = spec
-        if self.swap and vals[0].is_contiguous() and not vals[0].is_complex():
+        if self.swap and _factors_transpose(vals[0]):
             # PyTorch's CPU kernel factors A^T here (no copy for a row-major A),
             # and its LU / pivots outputs (and their backward) say so.
             vals = [vals[0].mT] + list(vals[1:])

@@ -79,6 +79,13 @@ static tp_val highest(tp_emit *e, tp_dtype dt) {
   }
 }
 
+/* PyTorch's IndexError (maybe_wrap_dim) for a dim outside a rank-`rank` input. */
+static void dim_out_of_range(tp_emit *e, int64_t dim, int rank) {
+  int r = rank > 0 ? rank : 1;
+  em_fail(e, TP_OUT_OF_RANGE, "Dimension out of range (expected to be in range of [%d, %d], but got %" PRId64 ")", -r,
+          r - 1, dim);
+}
+
 /* Dims to reduce from int-list argument i of a rank-`rank` input.  None
  * reduces everything; so does [] when empty_all.  A rank-0 input accepts
  * dim 0/-1 and reduces nothing.  Returns the count (-1 on error). */
@@ -93,7 +100,7 @@ static int red_dims(tp_emit *e, const tp_node *n, int i, int rank, int empty_all
   for (int j = 0; j < k; j++) {
     int d = lw_dim(v[j], rank);
     if (d < 0 || d >= (rank > 0 ? rank : 1)) {
-      em_fail(e, TP_INVALID_ARGUMENT, "%s: dim %" PRId64 " out of range for a tensor of rank %d", n->op, v[j], rank);
+      dim_out_of_range(e, v[j], rank);
       return -1;
     }
     if (rank == 0) continue;
@@ -112,7 +119,7 @@ static int one_dim(tp_emit *e, const tp_node *n, int i, int rank) {
   int64_t raw = lw_int(n, i, 0);
   int d = lw_dim(raw, rank);
   if (d < 0 || d >= (rank > 0 ? rank : 1)) {
-    em_fail(e, TP_INVALID_ARGUMENT, "%s: dim %" PRId64 " out of range for a tensor of rank %d", n->op, raw, rank);
+    dim_out_of_range(e, raw, rank);
     return -1;
   }
   return rank == 0 ? -1 : d; /* -1: nothing to reduce */

@@ -141,6 +141,7 @@ _compile._route_default_backend()
 _compile._hook_torch_compile()
 _compile._register_rng_hops()
 _compile._register_fake_kernels()
+_compile._allow_flex_attention()
 compile_counts = _compile.compile_counts
 from .bucket import bucket  # noqa: E402,F401
 from . import _multiprocessing  # noqa: E402

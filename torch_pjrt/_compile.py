@@ -7,6 +7,7 @@ eager mode ("tp::graph" in the C core).  A graph with an op we cannot lower
 runs eagerly instead (with a warning naming the op), so compiling never makes
 a model stop working.
 """
+import contextlib
 import copy
 import functools
 import math
@@ -1095,8 +1096,114 @@ def graph_counts():
         return dict(_graph_counts)
 
 
+def _allow_flex_attention():
+    """torch.nn.attention.flex_attention refuses devices outside a fixed list
+    (CUDA, CPU, XPU, HPU, MPS) before it runs.  On tpu it runs as on the
+    CPU: eagerly through its dense implementation, compiled as that
+    implementation's ATen ops in the graph's program (_inline_dense_hops),
+    and, unlike the CPU, with a backward."""
+    from torch.nn.attention import flex_attention as fa
+
+    check = fa._validate_device
+    if getattr(check, "_tp_allows", False):
+        return
+
+    def _validate_device(query, key, value):
+        if query.device.type != "tpu":
+            check(query, key, value)
+
+    _validate_device._tp_allows = True
+    fa._validate_device = _validate_device
+
+
+def _dense_hops():
+    """Higher-order ops that graphs lower through the dense implementation
+    PyTorch runs for them in eager mode on any device (its
+    CompositeExplicitAutograd kernel): FlexAttention's forward and backward,
+    whose fused kernels are Inductor templates for CUDA and CPU only."""
+    import importlib
+
+    fa = importlib.import_module("torch._higher_order_ops.flex_attention")  # the package's name is the op
+    return {torch.ops.higher_order.flex_attention: fa.sdpa_dense,
+            torch.ops.higher_order.flex_attention_backward: fa.sdpa_dense_backward}
+
+
+def _inline_dense_hops(gm):
+    """Replace each node of a _dense_hops() op by the ATen ops of its dense
+    implementation, traced on the node's fake inputs (functionalized, with
+    the graphs' decompositions), so that the whole graph stays one program.
+    The implementation computes the scores matrix whole (in float32 for
+    lower-precision inputs, as on the CPU), which is how the op runs eagerly."""
+    from torch._guards import detect_fake_mode
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from torch.utils import _pytree as pytree
+
+    hops = None
+    for n in list(gm.graph.nodes):
+        if n.op != "call_function" or not isinstance(n.target, torch._ops.HigherOrderOperator):
+            continue
+        hops = hops or _dense_hops()
+        if n.target not in hops:
+            continue
+        if any(u.target is not operator.getitem for u in n.users):
+            raise Unsupported(f"a use of {n.target} other than indexing")
+        flat, spec = pytree.tree_flatten((n.args, n.kwargs))
+        tensor_at = [i for i, a in enumerate(flat) if isinstance(a, torch.fx.Node) and a.op != "get_attr"
+                     and isinstance(a.meta.get("val"), torch.Tensor)]
+
+        def dense(*tensors, _flat=flat, _at=tensor_at, _spec=spec, _impl=hops[n.target]):
+            vals = list(_flat)
+            for i, t in zip(_at, tensors):
+                vals[i] = t
+            for i, a in enumerate(vals):
+                if isinstance(a, torch.fx.Node):
+                    vals[i] = getattr(gm, a.target) if a.op == "get_attr" else a.meta["val"]
+            args, kwargs = pytree.tree_unflatten(vals, _spec)
+            return _impl(*args, **kwargs)
+
+        fake = [flat[i].meta["val"] for i in tensor_at]
+        with detect_fake_mode(fake) or contextlib.nullcontext():
+            sub = make_fx(torch.func.functionalize(dense), decomposition_table=_decompositions())(*fake)
+        env = {}
+        added = []
+        inputs = iter(flat[i] for i in tensor_at)
+        with gm.graph.inserting_before(n):
+            for m in sub.graph.nodes:
+                if m.op == "placeholder":
+                    env[m] = next(inputs)
+                elif m.op == "get_attr":
+                    name = f"_tp_dense_{len(gm.graph.nodes)}_{m.target}"
+                    gm.register_buffer(name, getattr(sub, m.target))
+                    env[m] = gm.graph.get_attr(name)
+                    env[m].meta.update(m.meta)
+                    added.append(env[m])
+                elif m.op == "output":
+                    result = pytree.tree_map(lambda x: env[x] if isinstance(x, torch.fx.Node) else x, m.args[0])
+                else:
+                    env[m] = gm.graph.node_copy(m, lambda x: env[x])
+                    added.append(env[m])
+
+        def replace(node, value):  # node's getitem users take value's parts
+            for u in list(node.users):
+                part = value[u.args[1]]
+                if isinstance(part, torch.fx.Node):
+                    u.replace_all_uses_with(part)
+                else:
+                    replace(u, part)
+                gm.graph.erase_node(u)
+
+        replace(n, result)
+        gm.graph.erase_node(n)
+        for m in reversed(added):  # the parts of the implementation nothing reads
+            if not m.users and not m.is_impure():
+                gm.graph.erase_node(m)
+        gm.recompile()
+    return gm
+
+
 def _compile_graph(gm, example_inputs):
     try:
+        gm = _inline_dense_hops(gm)
         prog = GraphProgram(gm, example_inputs)
     except Unsupported as e:
         with _lock:

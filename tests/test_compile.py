@@ -54,9 +54,11 @@ def test_training_matches_cpu():
         torch.testing.assert_close(pt.cpu(), pc.detach(), rtol=1e-5, atol=1e-6)
 
 
-def test_unsupported_op_runs_eagerly_with_warning():
+def test_unsupported_op_runs_eagerly_between_programs():
     def f(x):
-        return torch.segment_reduce(x, "sum", lengths=torch.tensor([1, 3], device=x.device)) + 1  # no lowering
+        y = x.sin() * 2 + 1
+        y = torch.segment_reduce(y, "sum", lengths=torch.tensor([1, 3], device=x.device))  # no lowering
+        return (y.cos() * 3 - 1).tanh()
 
     x = torch.randn(4, 4)
     torch_pjrt.set_cpu_fallback(True)
@@ -69,10 +71,115 @@ def test_unsupported_op_runs_eagerly_with_warning():
         torch_pjrt.set_cpu_fallback(False)
     after = torch_pjrt.metrics()
     torch.testing.assert_close(out.cpu(), f(x), rtol=1e-5, atol=1e-5)
-    assert any("eagerly" in str(x.message) and "segment_reduce" in str(x.message) for x in w)
+    assert any("segment_reduce eagerly between compiled programs" in str(x.message) for x in w)
     # metrics() counts every such graph (the warning comes once per cause)
-    assert after["graphs_eager"] == before["graphs_eager"] + 1
-    assert after["graphs_lowered"] == before["graphs_lowered"]
+    assert after["graphs_split"] == before["graphs_split"] + 1
+    assert after["graphs_eager"] == before["graphs_eager"]
+    assert after["cpu_fallbacks"].get("aten::segment_reduce", 0) == before["cpu_fallbacks"].get("aten::segment_reduce", 0) + 1
+
+
+@torch.library.custom_op("tp_test::scaled_neg", mutates_args=())
+def _scaled_neg(x: torch.Tensor, s: float) -> torch.Tensor:
+    """A user's custom op: opaque to compiled mode, which runs it eagerly."""
+    return torch.mul(x, -s)
+
+
+_scaled_neg.register_fake(lambda x, s: torch.empty_like(x))
+_scaled_neg.register_autograd(lambda ctx, g: (_scaled_neg(g, ctx.s), None),
+                              setup_context=lambda ctx, inputs, output: setattr(ctx, "s", inputs[1]))
+
+
+def test_custom_op_runs_between_programs_in_training():
+    """A custom op in a compiled model: the graph is cut around it, forward
+    and backward, and the ops on either side stay programs."""
+
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = torch.nn.Linear(8, 16), torch.nn.Linear(16, 4)
+
+        def forward(self, x):
+            return self.b(_scaled_neg(self.a(x).tanh(), 0.5).sin())
+
+    torch.manual_seed(0)
+    mc = M()
+    mt = copy.deepcopy(mc).to("tpu")
+    oc, ot = (torch.optim.SGD(m.parameters(), lr=0.1) for m in (mc, mt))
+    cm = torch.compile(mt, backend="tpu")
+    x, y = torch.randn(5, 8), torch.randn(5, 4)
+    before = torch_pjrt.metrics()
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "torch-pjrt: running tp_test::scaled_neg eagerly")
+        for _ in range(3):
+            losses = []
+            for m, o, xx, yy in ((mc, oc, x, y), (cm, ot, x.to("tpu"), y.to("tpu"))):
+                loss = ((m(xx) - yy) ** 2).mean()
+                o.zero_grad()
+                loss.backward()
+                o.step()
+                losses.append(loss.item())
+            assert abs(losses[1] - losses[0]) <= 1e-5 * abs(losses[0])
+    after = torch_pjrt.metrics()
+    assert after["graphs_split"] == before["graphs_split"] + 2  # forward and backward
+    assert after["graphs_eager"] == before["graphs_eager"]
+    for pc, pt in zip(mc.parameters(), mt.parameters()):
+        torch.testing.assert_close(pt.detach().cpu(), pc.detach(), rtol=1e-5, atol=1e-6)
+    with torch.no_grad():  # two programs and the custom op's one eager op
+        cm(x.to("tpu"))
+        n = torch_pjrt.metrics()["executions"]
+        cm(x.to("tpu"))
+        assert torch_pjrt.metrics()["executions"] - n == 3
+
+
+def test_split_graph_mutates_inputs_in_order():
+    def f(x, buf):
+        buf.add_(1)
+        y = _scaled_neg(x * buf, 2.0)
+        buf.mul_(y.sum())
+        return y + buf
+
+    x, buf = torch.randn(6), torch.randn(6)
+    xt, buft = x.to("tpu"), buf.to("tpu")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out = torch.compile(f, backend="tpu")(xt, buft)
+    expected = f(x, buf)
+    torch.testing.assert_close(out.cpu(), expected, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(buft.cpu(), buf, rtol=1e-5, atol=1e-5)
+
+
+def test_too_many_cuts_run_the_graph_op_by_op(monkeypatch):
+    from torch_pjrt import _compile
+
+    monkeypatch.setattr(_compile, "_MAX_SPLITS", 0)
+    before = torch_pjrt.metrics()
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        out = torch.compile(lambda x: _scaled_neg(x.exp(), 3.0) + 1, backend="tpu")(torch.ones(3, device="tpu"))
+    torch.testing.assert_close(out.cpu(), torch.full((3,), 1 - 3 * torch.e))
+    assert any("op by op" in str(x.message) and "tp_test::scaled_neg" in str(x.message) for x in w)
+    assert torch_pjrt.metrics()["graphs_eager"] == before["graphs_eager"] + 1
+
+
+def test_nested_compile_region_is_one_program():
+    @torch.compiler.nested_compile_region
+    def block(x, w):
+        return torch.relu(x @ w)
+
+    def f(x, w):
+        return block(x, w) + block(x + 1, w)
+
+    x, w = torch.randn(4, 4, requires_grad=True), torch.randn(4, 4)
+    xt = x.detach().to("tpu").requires_grad_()
+    before = torch_pjrt.metrics()
+    out = torch.compile(f, backend="tpu", fullgraph=True)(xt, w.to("tpu"))
+    out.sum().backward()
+    f(x, w).sum().backward()
+    torch.testing.assert_close(out.detach().cpu(), f(x, w).detach(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(xt.grad.cpu(), x.grad, rtol=1e-5, atol=1e-5)
+    after = torch_pjrt.metrics()
+    assert after["graphs_lowered"] == before["graphs_lowered"] + 2
+    assert after["graphs_split"] == before["graphs_split"] and after["graphs_eager"] == before["graphs_eager"]
 
 
 def test_recompile_warning_names_the_input():
@@ -173,7 +280,7 @@ def test_metrics_report():
     torch_pjrt.metrics()
     rep = torch_pjrt.metrics_report()
     for key in ("compiles", "compile_seconds", "cache_hits", "disk_hits", "executions", "h2d_bytes",
-                "d2h_transfers", "graphs_lowered", "graphs_eager", "cpu_fallbacks"):
+                "d2h_transfers", "graphs_lowered", "graphs_split", "graphs_eager", "cpu_fallbacks"):
         assert key in rep
 
 

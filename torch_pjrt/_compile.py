@@ -4,8 +4,9 @@ Dynamo captures the Python code, AOTAutograd produces forward and backward
 graphs of ATen ops (functionalized; decomposed to the ops we lower), and each
 graph becomes one program built node by node with the same C lowering rules as
 eager mode ("tp::graph" in the C core).  A graph with an op we cannot lower
-runs eagerly instead (with a warning naming the op), so compiling never makes
-a model stop working.
+(a user's custom op, a while_loop) is cut there: that op runs eagerly between
+the programs of the ops around it, with a warning naming the op, so compiling
+never makes a model stop working.
 """
 import contextlib
 import copy
@@ -334,7 +335,7 @@ class GraphProgram:
             if n.op == "get_attr" and n not in host:
                 t = getattr(gm, n.target)
                 if isinstance(t, torch.fx.GraphModule):
-                    continue  # a torch.cond branch, lowered where the cond is
+                    continue  # a subgraph (torch.cond branch), lowered where it is called
                 if not isinstance(t, torch.Tensor):
                     raise Unsupported(f"attribute {n.target}")
                 param(n, ("const", t), t)
@@ -388,7 +389,11 @@ class GraphProgram:
             self._vectorize_scalars(graph, host, values, packs)
             for n in graph.nodes:
                 if n.op == "call_function" and n not in host and n not in values:
-                    self._add(n, values)
+                    try:
+                        self._add(n, values)
+                    except Unsupported as e:
+                        e.node = getattr(e, "node", None) or n  # the node a split can run eagerly
+                        raise
                 elif n.op == "output":
                     self._set_outputs(n, values, ph_vals)
         except Exception:
@@ -525,6 +530,9 @@ class GraphProgram:
             return
         if n.target is torch.ops.higher_order.cond:
             values[n] = self._add_cond(n, values)
+            return
+        if n.target is torch.ops.higher_order.invoke_subgraph:
+            values[n] = tuple(self._add_subgraph(n.args[0], n.args[2:], values))
             return
         if n.target is _rng_prims.run_and_save_rng_state:
             # A checkpointed random op in the forward: (its state, its
@@ -697,25 +705,31 @@ class GraphProgram:
         if not isinstance(pred, torch.fx.Node):
             raise Unsupported("torch.cond with a constant predicate")
         pid = self._arg(pred, values, False)
-        branches = []
-        for node in (true_node, false_node):
-            sub = getattr(self.gm, node.target)
-            inner = dict(zip([p for p in sub.graph.nodes if p.op == "placeholder"],
-                             [values.get(o) for o in operands]))
-            for m in sub.graph.nodes:
-                if m.op == "call_function":
-                    self._add(m, inner)
-                elif m.op == "get_attr":
-                    raise Unsupported("a torch.cond branch with attributes")
-                elif m.op == "output":
-                    outs = m.args[0]
-            ids = [inner.get(o) for o in outs]
-            if not all(isinstance(i, int) for i in ids):
-                raise Unsupported("torch.cond branch outputs")
-            branches.append(ids)
+        branches = [self._add_subgraph(node, operands, values) for node in (true_node, false_node)]
+        if None in branches[0] + branches[1]:
+            raise Unsupported("a torch.cond branch returning None")
         vals = n.meta.get("val")
         return tuple(_C.graph_add(self.gid, "aten::where.self", (pid, ("V", t), ("V", f)), [_type(v)])
                      for t, f, v in zip(branches[0], branches[1], vals))
+
+    def _add_subgraph(self, node, operands, values):
+        """The nodes of a subgraph (a get_attr graph module: a torch.cond
+        branch, a nested_compile_region) on the operands' values, inline;
+        returns its outputs' value ids."""
+        sub = getattr(self.gm, node.target)
+        inner = dict(zip([p for p in sub.graph.nodes if p.op == "placeholder"],
+                         [values.get(o) for o in operands]))
+        for m in sub.graph.nodes:
+            if m.op == "call_function":
+                self._add(m, inner)
+            elif m.op == "get_attr":
+                raise Unsupported("a subgraph with attributes")
+            elif m.op == "output":
+                outs = m.args[0]
+        ids = [None if o is None else inner.get(o) for o in outs]  # None: no gradient
+        if not all(isinstance(i, int) for o, i in zip(outs, ids) if o is not None):
+            raise Unsupported("subgraph outputs that are not tensors")
+        return ids
 
     def _add_foreach(self, n, values):
         """_foreach_<op>: one node per list element, with the per-tensor op."""
@@ -1084,14 +1098,15 @@ def _register_rng_hops():
 
 
 _warned = set()
-_graph_counts = {"graphs_lowered": 0, "graphs_eager": 0}  # AOTAutograd graphs, by how they run
+_graph_counts = {"graphs_lowered": 0, "graphs_split": 0, "graphs_eager": 0}  # AOTAutograd graphs, by how they run
 
 
 def graph_counts():
-    """{"graphs_lowered": graphs compiled to one program, "graphs_eager":
-    graphs that run op by op because they hold something compiled mode cannot
-    lower}; the warning names the cause only once per process, these count
-    every graph."""
+    """{"graphs_lowered": graphs compiled to one program, "graphs_split":
+    graphs cut into programs around ops compiled mode cannot lower, which run
+    eagerly between them, "graphs_eager": graphs that run op by op (what
+    they hold cannot be cut out)}; the warning names the cause only once per
+    process, these count every graph."""
     with _lock:
         return dict(_graph_counts)
 
@@ -1201,11 +1216,91 @@ def _inline_dense_hops(gm):
     return gm
 
 
+class _ProgramModule(torch.nn.Module):
+    """A GraphProgram as a submodule of a split graph."""
+
+    def __init__(self, prog):
+        super().__init__()
+        self.prog = prog
+
+    def forward(self, *args):
+        return tuple(self.prog(*args))
+
+
+_MAX_SPLITS = 32  # nodes run eagerly before a graph runs wholly op by op
+
+
+def _split_graph(gm, example_inputs, err):
+    """The graph cut at the nodes that cannot be lowered (err.node first):
+    the nodes between them become programs, the cut nodes run eagerly
+    between the programs, in the graph's order (random ops draw in the same
+    order).  Each program that fails to build names the next node to cut.
+    Returns the split graph module and the cut nodes' names, or None when
+    a failure names no node."""
+    from torch.fx.passes.split_module import split_module
+
+    vals = {n.name: n.meta.get("val") for n in gm.graph.nodes}
+    for n, v in zip((n for n in gm.graph.nodes if n.op == "placeholder"), example_inputs):
+        vals.setdefault(n.name, v)
+    cut = []
+    while True:
+        bad = getattr(err, "node", None)
+        if bad is None or bad.name in cut or len(cut) >= _MAX_SPLITS:
+            return None
+        cut.append(bad.name)
+        part, k = {}, 0
+        for n in gm.graph.nodes:
+            if n.op != "call_function":
+                continue
+            if n.target is operator.getitem and n.args[0] in part:
+                part[n] = part[n.args[0]]  # a tuple never crosses partitions
+            elif n.name in cut:
+                part[n] = k + 1
+                k += 2
+            else:
+                part[n] = k
+        split = split_module(gm, None, lambda n: part[n], keep_original_order=True,
+                             keep_original_node_name=True, tuple_return=True)
+        err = None
+        for call in split.graph.find_nodes(op="call_module"):
+            sub = getattr(split, call.target)
+            if any(n.op == "call_function" and n.name in cut for n in sub.graph.nodes):
+                continue  # runs eagerly
+            phs = [n for n in sub.graph.nodes if n.op == "placeholder"]
+            for ph in phs:
+                ph.meta["val"] = vals.get(ph.name)
+            try:
+                prog = GraphProgram(sub, [ph.meta["val"] for ph in phs])
+            except Unsupported as e:
+                node = getattr(e, "node", None)
+                e.node = next((n for n in gm.graph.nodes if node is not None and n.name == node.name), None)
+                err = e
+                break
+            setattr(split, call.target, _ProgramModule(prog))
+        if err is None:
+            return split, cut
+
+
 def _compile_graph(gm, example_inputs):
     try:
         gm = _inline_dense_hops(gm)
         prog = GraphProgram(gm, example_inputs)
     except Unsupported as e:
+        from functorch.compile import make_boxed_func
+
+        split = _split_graph(gm, example_inputs, e)
+        if split is not None:
+            split, cut = split
+            with _lock:
+                _graph_counts["graphs_split"] += 1
+            what = ", ".join(sorted({_qualname(n.target) if isinstance(n.target, torch._ops.OpOverload)
+                                     else getattr(n.target, "__name__", str(n.target))
+                                     for n in gm.graph.nodes if n.name in cut}))
+            if ("split", what) not in _warned:
+                _warned.add(("split", what))
+                warnings.warn(f"torch-pjrt: running {what} eagerly between compiled programs "
+                              f"(compiled mode cannot lower it yet).", stacklevel=2)
+            return make_boxed_func(split.forward)
         with _lock:
             _graph_counts["graphs_eager"] += 1
         key = str(e)
@@ -1213,8 +1308,6 @@ def _compile_graph(gm, example_inputs):
             _warned.add(key)
             warnings.warn(f"torch-pjrt: running a graph eagerly (op by op) because it contains {e}, "
                           f"which compiled mode cannot lower yet.", stacklevel=2)
-        from functorch.compile import make_boxed_func
-
         return make_boxed_func(gm.forward)
 
     with _lock:

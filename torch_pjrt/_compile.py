@@ -1161,7 +1161,7 @@ def _inline_dense_hops(gm):
         if n.target not in hops:
             continue
         if any(u.target is not operator.getitem for u in n.users):
-            raise Unsupported(f"a use of {n.target} other than indexing")
+            continue
         flat, spec = pytree.tree_flatten((n.args, n.kwargs))
         tensor_at = [i for i, a in enumerate(flat) if isinstance(a, torch.fx.Node) and a.op != "get_attr"
                      and isinstance(a.meta.get("val"), torch.Tensor)]
@@ -1177,8 +1177,11 @@ def _inline_dense_hops(gm):
             return _impl(*args, **kwargs)
 
         fake = [flat[i].meta["val"] for i in tensor_at]
-        with detect_fake_mode(fake) or contextlib.nullcontext():
-            sub = make_fx(torch.func.functionalize(dense), decomposition_table=_decompositions())(*fake)
+        try:
+            with detect_fake_mode(fake) or contextlib.nullcontext():
+                sub = make_fx(torch.func.functionalize(dense), decomposition_table=_decompositions())(*fake)
+        except Exception:
+            continue  # left whole: the graph is cut around it (_split_graph)
         env = {}
         added = []
         inputs = iter(flat[i] for i in tensor_at)

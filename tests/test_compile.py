@@ -1074,3 +1074,22 @@ def test_optimizer_scalar_math_is_vectorized(monkeypatch):
         torch.testing.assert_close(pt.detach().cpu(), pc.detach(), rtol=1e-5, atol=1e-6)
     code = progs[-1].host_gm.code
     assert "_foreach_add" not in code and "_foreach_copy_" in code and "stack" in code
+
+
+def test_channels_last_convolutions_keep_their_layout():
+    """Compiled convolutions lay out their results as eager mode and the CPU
+    do (channels-last in, channels-last out), forward and backward."""
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
+                            torch.nn.Conv2d(8, 8, 3, stride=2, groups=2)).to(memory_format=torch.channels_last)
+    x = torch.randn(2, 3, 16, 16).to(memory_format=torch.channels_last)
+    mt = copy.deepcopy(m).to("tpu")
+    out = torch.compile(mt, backend="tpu")(x.to("tpu"))
+    expected = m(x)
+    assert out.stride() == expected.stride() == mt(x.to("tpu")).stride()
+    torch.testing.assert_close(out.detach().cpu(), expected.detach(), rtol=1e-5, atol=1e-5)
+    out.square().mean().backward()
+    expected.square().mean().backward()
+    for p, q in zip(mt.parameters(), m.parameters()):
+        assert p.grad.stride() == q.grad.stride()
+        torch.testing.assert_close(p.grad.cpu(), q.grad, rtol=1e-5, atol=1e-5)

@@ -1348,6 +1348,39 @@ def _register_fake_kernels():
     grouped_mm._tp = True
     fake_impls.op_implementations_checks.append((lambda func: func is grouped, grouped_mm))
 
+    # Convolutions: PyTorch's fake rule asks which kernel the device would
+    # run and lays the result out for it: contiguous for PrivateUse1.  Eager
+    # tpu convolutions give channels-last results for channels-last inputs
+    # or weights, as the CPU's and CUDA's kernels do (_dispatch._SPEC_FIX), so
+    # the rule for tpu tensors restrides the same outputs.  It goes first:
+    # PyTorch's own is found through an earlier entry of the list.
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    from ._dispatch import _SPEC_FIX
+
+    convs = {torch.ops.aten.convolution.default: "aten::convolution",
+             torch.ops.aten.convolution_backward.default: "aten::convolution_backward"}
+
+    def conv(fake_mode, func, *args, **kwargs):
+        x = args[0] if args else kwargs.get("input")
+        if getattr(x, "device", None) is None or x.device.type != "tpu":
+            return NotImplemented
+        out = fake_impls.conv(fake_mode, func, *args, **kwargs)
+        outs = list(out) if isinstance(out, tuple) else [out]
+        specs = [None if o is None else (tuple(o.shape), tuple(o.stride()), o.dtype) for o in outs]
+        vals = [args[i] if i < len(args) else kwargs.get(a.name, a.default_value if a.has_default_value() else None)
+                for i, a in enumerate(func._schema.arguments)]
+        fixed = _SPEC_FIX[convs[func]](vals, specs)
+        with fake_impls.in_kernel_invocation_manager(fake_mode):
+            for i, (o, old, new) in enumerate(zip(outs, specs, fixed)):
+                if o is not None and new != old:
+                    outs[i] = FakeTensor(fake_mode, torch.empty_strided(new[0], new[1], dtype=new[2], device="meta"),
+                                         o.fake_device)
+        return tuple(outs) if isinstance(out, tuple) else outs[0]
+
+    conv._tp = True
+    fake_impls.op_implementations_checks.insert(0, (convs.__contains__, conv))
+
 
 def _fftfreq(n, d=1.0, *, dtype=None, layout=None, device=None, pin_memory=None):
     # ATen's fft_fftfreq: arange(n), its upper half replaced by -(n//2)..-1, times 1/(n*d)

@@ -1093,3 +1093,19 @@ def test_channels_last_convolutions_keep_their_layout():
     for p, q in zip(mt.parameters(), m.parameters()):
         assert p.grad.stride() == q.grad.stride()
         torch.testing.assert_close(p.grad.cpu(), q.grad, rtol=1e-5, atol=1e-5)
+
+
+def test_compiled_norm_statistics_have_the_cpus_types():
+    """native_layer_norm's saved statistics: PyTorch's meta function gives
+    CUDA's (float32 for bfloat16 input); graphs hold the CPU's, as eager."""
+    x = torch.randn(4, 6, dtype=torch.bfloat16)
+    w = torch.randn(6, dtype=torch.bfloat16)
+
+    def f(x, w):
+        return torch.native_layer_norm(x, (6,), w, w, 1e-5)
+
+    expected = f(x, w)
+    got = torch.compile(f, backend="tpu")(x.to("tpu"), w.to("tpu"))
+    for g, e in zip(got, expected):
+        assert (g.dtype, g.shape) == (e.dtype, e.shape)
+        torch.testing.assert_close(g.cpu(), e, rtol=1.6e-2, atol=1e-2)

@@ -1348,38 +1348,43 @@ def _register_fake_kernels():
     grouped_mm._tp = True
     fake_impls.op_implementations_checks.append((lambda func: func is grouped, grouped_mm))
 
-    # Convolutions: PyTorch's fake rule asks which kernel the device would
-    # run and lays the result out for it: contiguous for PrivateUse1.  Eager
-    # tpu convolutions give channels-last results for channels-last inputs
-    # or weights, as the CPU's and CUDA's kernels do (_dispatch._SPEC_FIX), so
-    # the rule for tpu tensors restrides the same outputs.  It goes first:
-    # PyTorch's own is found through an earlier entry of the list.
+    # Ops whose meta (or fake) rule gives other types than eager mode's
+    # kernels, which _dispatch._SPEC_FIX corrects (as the CPU's kernels give
+    # them): convolutions lay out their results for the kernel the device
+    # would pick (contiguous for PrivateUse1, where the CPU and eager tpu give
+    # channels-last results for channels-last inputs); the norms' saved
+    # statistics take CUDA's shapes and dtypes.  The rule for tpu tensors
+    # applies the same fix, so that graphs hold eager mode's types.  It goes
+    # first: PyTorch's convolution rule is found through an earlier entry.
     from torch._subclasses.fake_tensor import FakeTensor
 
     from ._dispatch import _SPEC_FIX
 
-    convs = {torch.ops.aten.convolution.default: "aten::convolution",
-             torch.ops.aten.convolution_backward.default: "aten::convolution_backward"}
+    fixes = {}
+    for name, fix in _SPEC_FIX.items():
+        base, _, ovl = name.split("::")[1].partition(".")
+        packet = getattr(torch.ops.aten, base, None)
+        if packet is not None and hasattr(packet, ovl or "default"):
+            fixes[getattr(packet, ovl or "default")] = fix
 
-    def conv(fake_mode, func, *args, **kwargs):
-        x = args[0] if args else kwargs.get("input")
-        if getattr(x, "device", None) is None or x.device.type != "tpu":
-            return NotImplemented
-        out = fake_impls.conv(fake_mode, func, *args, **kwargs)
-        outs = list(out) if isinstance(out, tuple) else [out]
-        specs = [None if o is None else (tuple(o.shape), tuple(o.stride()), o.dtype) for o in outs]
+    def spec_fixed(fake_mode, func, *args, **kwargs):
         vals = [args[i] if i < len(args) else kwargs.get(a.name, a.default_value if a.has_default_value() else None)
                 for i, a in enumerate(func._schema.arguments)]
-        fixed = _SPEC_FIX[convs[func]](vals, specs)
+        x = next((v for v in vals if isinstance(v, FakeTensor)), None)
+        if x is None or x.fake_device.type != "tpu":
+            return NotImplemented
         with fake_impls.in_kernel_invocation_manager(fake_mode):
-            for i, (o, old, new) in enumerate(zip(outs, specs, fixed)):
-                if o is not None and new != old:
-                    outs[i] = FakeTensor(fake_mode, torch.empty_strided(new[0], new[1], dtype=new[2], device="meta"),
-                                         o.fake_device)
+            out = func(*args, **kwargs)
+            outs = list(out) if isinstance(out, tuple) else [out]
+            specs = [None if o is None else (tuple(o.shape), tuple(o.stride()), o.dtype) for o in outs]
+            fixed = fixes[func](vals, specs)
+            outs = [o if o is None else FakeTensor(
+                fake_mode, o if new == old else torch.empty_strided(new[0], new[1], dtype=new[2], device="meta"),
+                x.fake_device) for o, old, new in zip(outs, specs, fixed)]
         return tuple(outs) if isinstance(out, tuple) else outs[0]
 
-    conv._tp = True
-    fake_impls.op_implementations_checks.insert(0, (convs.__contains__, conv))
+    spec_fixed._tp = True
+    fake_impls.op_implementations_checks.insert(0, (fixes.__contains__, spec_fixed))
 
 
 def _fftfreq(n, d=1.0, *, dtype=None, layout=None, device=None, pin_memory=None):

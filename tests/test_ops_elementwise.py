@@ -433,6 +433,20 @@ def test_pow_float_specializations():
     check(lambda t: 0.0 ** t, x)
 
 
+def test_pow_by_multiplication_is_the_cpus_bit_for_bit():
+    # exponents 2, 3, -2 multiply (bfloat16 rounding each product) and -1 is a
+    # reciprocal on the CPU, not pow: eager (the exponent picked on the device)
+    # and compiled (a constant) give the same bits
+    g = torch.Generator().manual_seed(0)
+    for dt in (torch.float32, torch.float64, torch.bfloat16):
+        x = (torch.randn(4096, generator=g) * 3).to(dt)
+        for s in (2, 3, -2, -1):
+            expected = x ** s
+            assert torch.equal((x.to(D) ** s).cpu(), expected), (dt, s)
+            compiled = torch.compile(lambda t: t ** s, backend="tpu")
+            assert torch.equal(compiled(x.to(D)).cpu(), expected), (dt, s, "compiled")
+
+
 def test_pow_bool():
     m = torch.tensor([True, False])
     with pytest.raises(Exception):

@@ -940,3 +940,46 @@ int em_while_end(tp_emit *e, em_loop *L, const tp_val *next, tp_val *outs) {
   }
   return 0;
 }
+
+int em_case_begin(tp_emit *e, em_case *C, tp_val index, int n) {
+  memset(C, 0, sizeof *C);
+  C->res = -1;
+  if (bad(e, index)) return -1;
+  const tp_type *it = &e->types[index];
+  if (n < 1 || it->dt != TP_I32 || it->rank != 0) {
+    em_fail(e, TP_INTERNAL, "case needs a rank-0 i32 index and at least one branch");
+    return -1;
+  }
+  tp_type st = tp_type_make(TP_BOOL, 0, NULL);
+  C->res = new_val(e, &st); /* reserves the id used as %r<res> */
+  if (C->res < 0) return -1;
+  C->n = n;
+  sb_printf(&e->body, "    %%r%d = \"stablehlo.case\"(%%v%d) ({\n", C->res, index);
+  return 0;
+}
+
+int em_case_next(tp_emit *e, em_case *C, tp_val v) {
+  if (C->res < 0 || bad(e, v)) return -1;
+  if (C->done >= C->n || (C->done && !same_type(&e->types[v], &C->t))) {
+    em_fail(e, TP_INTERNAL, "case branch %d: more branches than declared, or another type", C->done);
+    return -1;
+  }
+  C->t = e->types[v];
+  char tb[256];
+  tp_type_str(&C->t, tb, sizeof tb);
+  C->done++;
+  sb_printf(&e->body, "      \"stablehlo.return\"(%%v%d) : (%s) -> ()\n    }%s", v, tb, C->done < C->n ? ", {\n" : ")");
+  return 0;
+}
+
+tp_val em_case_end(tp_emit *e, em_case *C) {
+  if (C->res < 0) return -1;
+  if (C->done != C->n) return em_fail(e, TP_INTERNAL, "case with %d of %d branches", C->done, C->n);
+  char tb[256];
+  tp_type_str(&C->t, tb, sizeof tb);
+  sb_printf(&e->body, " : (tensor<i32>) -> %s\n", tb);
+  tp_val out = new_val(e, &C->t);
+  if (out < 0) return -1;
+  sb_printf(&e->body, "    %%v%d = \"stablehlo.reshape\"(%%r%d) : (%s) -> %s\n", out, C->res, tb, tb);
+  return out;
+}

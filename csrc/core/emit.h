@@ -144,6 +144,25 @@ int em_while_begin(tp_emit *e, em_loop *L, const tp_val *init, int n, tp_val *ar
 int em_while_body(tp_emit *e, em_loop *L, tp_val pred, tp_val *args);
 int em_while_end(tp_emit *e, em_loop *L, const tp_val *next, tp_val *outs);
 
+/* ---- conditional ------------------------------------------------------------------ */
+/* A stablehlo.case on a rank-0 i32 index: only the branch it picks runs (an
+ * index out of range runs the last).  Each branch returns one value, all of
+ * one type:
+ *   em_case C; em_case_begin(e, &C, index, n);
+ *   ... emit branch 0 ...; em_case_next(e, &C, v0);
+ *   ... emit branch 1 ...; em_case_next(e, &C, v1); ...
+ *   tp_val out = em_case_end(e, &C);
+ * Values made inside a branch must not be used outside it.  begin/next
+ * return 0, or -1 after em_fail; end returns the result or -1. */
+typedef struct em_case {
+  int n, done;
+  tp_val res;
+  tp_type t;
+} em_case;
+int em_case_begin(tp_emit *e, em_case *C, tp_val index, int n);
+int em_case_next(tp_emit *e, em_case *C, tp_val v);
+tp_val em_case_end(tp_emit *e, em_case *C);
+
 #ifdef __cplusplus
 }
 #endif

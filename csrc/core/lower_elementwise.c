@@ -173,6 +173,33 @@ static tp_val int_pow(tp_emit *e, tp_val a, tp_val b) {
   return em_select(e, em_compare(e, "LT", b, zero), neg_res, acc);
 }
 
+/* x ** s for a number s, as PyTorch's CPU kernel for float, double and
+ * bfloat16 picks its kernel by s's value: 2, 3 and -2 by multiplying
+ * (bfloat16 rounds after each product), -1 a reciprocal, 0.5 / -0.5 sqrt /
+ * rsqrt (which differ from pow at -0 and -inf), others pow.  In eager
+ * programs s is a runtime scalar, so a stablehlo.case picks the kernel on
+ * the device and runs only that one: XLA CPU's pow costs about ten
+ * multiplies (x ** 2 in RMSNorm).  In graphs s is a constant and XLA folds
+ * the case away. */
+static tp_val pow_scalar(tp_emit *e, const tp_node *n, tp_val a, tp_val b, tp_dtype cdt) {
+  static const double special[] = {2, 3, -2, -1, 0.5, -0.5};
+  enum { NSPECIAL = (int)(sizeof special / sizeof special[0]) };
+  tp_val s = lw_tensor(e, n, 1, TP_F64);
+  tp_val idx = em_const_i(e, NSPECIAL, TP_I32);
+  for (int i = NSPECIAL - 1; i >= 0; i--)
+    idx = em_select(e, em_compare(e, "EQ", s, em_const(e, special[i], TP_F64)), em_const_i(e, i, TP_I32), idx);
+  em_case C;
+  if (em_case_begin(e, &C, idx, NSPECIAL + 1) < 0) return -1;
+  em_case_next(e, &C, mul(e, a, a));
+  em_case_next(e, &C, mul(e, em_round_to(e, mul(e, a, a), cdt), a));
+  em_case_next(e, &C, dv(e, k(e, a, 1), em_round_to(e, mul(e, a, a), cdt)));
+  em_case_next(e, &C, dv(e, k(e, a, 1), a));
+  em_case_next(e, &C, un(e, "stablehlo.sqrt", a));
+  em_case_next(e, &C, un(e, "stablehlo.rsqrt", a));
+  em_case_next(e, &C, em_binary(e, "stablehlo.power", a, b));
+  return em_case_end(e, &C);
+}
+
 static void r_pow(tp_emit *e, const tp_node *n, tp_val *o) {
   tp_type ct = common_type(e, n, 2, 0);
   tp_val a = opnd(e, n, 0, &ct), b = opnd(e, n, 1, &ct);
@@ -193,15 +220,12 @@ static void r_pow(tp_emit *e, const tp_node *n, tp_val *o) {
     o[0] = finish(e, n, int_pow(e, a, b));
     return;
   }
-  tp_val p = em_binary(e, "stablehlo.power", a, b);
-  /* PyTorch's pow(Tensor, Scalar) runs sqrt / rsqrt for exponents 0.5 / -0.5
-   * (float, double and bfloat16, not half), which differ from pow at -0 and -inf. */
   tp_dtype cdt = lw_result_type(e, n, (const int[]){0, 1}, 2);
   if (!strcmp(n->op, "aten::pow.Tensor_Scalar") && (cdt == TP_F32 || cdt == TP_F64 || cdt == TP_BF16)) {
-    p = em_select(e, em_compare(e, "EQ", b, k(e, b, 0.5)), un(e, "stablehlo.sqrt", a), p);
-    p = em_select(e, em_compare(e, "EQ", b, k(e, b, -0.5)), un(e, "stablehlo.rsqrt", a), p);
+    o[0] = finish(e, n, pow_scalar(e, n, a, b, cdt));
+    return;
   }
-  o[0] = finish(e, n, p);
+  o[0] = finish(e, n, em_binary(e, "stablehlo.power", a, b));
 }
 
 /* x rounded to the values of `lowp` when it is f16/bf16: PyTorch's CPU

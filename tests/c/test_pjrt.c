@@ -711,6 +711,50 @@ TEST(test_emit_while) {
   em_free(e);
 }
 
+/* ---- emitter: conditional ---------------------------------------------------- */
+
+/* out = case i of {x + 1, x * 2, -x} for a runtime index i: each index picks its
+ * branch; an index out of range picks the last. */
+TEST(test_emit_case) {
+  tp_emit *e = em_new();
+  tp_type t = tp_type_make(TP_F32, 2, k2x3), it = tp_type_make(TP_I32, 0, NULL);
+  tp_val x = em_param(e, &t), i = em_param(e, &it);
+  em_case C;
+  CHECK(em_case_begin(e, &C, i, 3) == 0);
+  CHECK(em_case_next(e, &C, em_binary(e, "stablehlo.add", x, em_full(e, 1.0, &t))) == 0);
+  CHECK(em_case_next(e, &C, em_binary(e, "stablehlo.multiply", x, em_full(e, 2.0, &t))) == 0);
+  CHECK(em_case_next(e, &C, em_unary(e, "stablehlo.negate", x)) == 0);
+  tp_val out = em_case_end(e, &C);
+  CHECK(out >= 0);
+  const char *text = em_finish(e, &out, 1);
+  CHECK(text != NULL);
+  tp_exec *ex = text ? compile(text) : NULL;
+  for (int32_t pick = 0; ex && pick < 4; pick++) {
+    tp_buffer *in[2] = {make_f32(0, kA, k2x3, 2), NULL};
+    CHECK_OK(tp_buffer_from_host(P, 0, TP_I32, NULL, 0, &pick, &in[1]));
+    tp_buffer *o[1] = {NULL};
+    CHECK_OK(tp_execute(ex, 0, in, 2, 0, o, 1));
+    float r[6] = {0};
+    if (o[0]) CHECK_OK(tp_buffer_to_host(o[0], r, sizeof r));
+    for (int j = 0; j < 6; j++) CHECK(r[j] == (pick == 0 ? kA[j] + 1 : pick == 1 ? kA[j] * 2 : -kA[j]));
+    tp_buffer_free(o[0]);
+    tp_buffer_free(in[0]);
+    tp_buffer_free(in[1]);
+  }
+  tp_exec_free(ex);
+  /* Branches of different types are refused with a message. */
+  tp_emit *e2 = em_new();
+  em_case C2;
+  em_case_begin(e2, &C2, em_const_i(e2, 0, TP_I32), 2);
+  em_case_next(e2, &C2, em_const(e2, 1.0, TP_F32));
+  CHECK(em_case_next(e2, &C2, em_const(e2, 1.0, TP_F64)) == -1);
+  tp_status *st = em_take_error(e2);
+  CHECK(st && strstr(tp_status_message(st), "another type"));
+  tp_status_free(st);
+  em_free(e2);
+  em_free(e);
+}
+
 /* ---- emitter: runtime-indexed slices ----------------------------------------- */
 
 /* row = x[i:i+1, :] at a runtime i = 1; out = x with row 0 replaced by it. */
@@ -811,6 +855,7 @@ int main(void) {
   RUN(test_serialize_round_trip);
   RUN(test_threads);
   RUN(test_emit_while);
+  RUN(test_emit_case);
   RUN(test_emit_dyn_slice);
   RUN(test_emit_refuses_operand_dtypes);
   tp_plugin_destroy(P);

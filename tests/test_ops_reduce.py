@@ -452,6 +452,47 @@ def test_topk_nan_grad():
     assert torch.equal(v.cpu(), ev) and torch.equal(i.cpu(), ei)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.int32, torch.int16,
+                                   torch.int8, torch.uint8, torch.float64, torch.int64])
+def test_topk_every_k_and_order(dtype):
+    """k up to 16 takes k argmax passes over integer keys (f64/int64 and
+    larger k sort): every k, both directions, any dim, the CPU's values
+    and, with no ties, its indices; NaN above +inf, -inf and -0.0 in
+    order, values returned bit for bit (subnormals are flushed to zero on
+    the XLA CPU plugin, so they would tie with -0.0)."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.randperm(120, generator=g).reshape(4, 30) - (0 if dtype == torch.uint8 else 60)
+    x = x.to(dtype)
+    for k in (1, 2, 5, 16, 17, 30):
+        for largest in (True, False):
+            check(lambda t: torch.topk(t, k, largest=largest), x)
+            check(lambda t: torch.topk(t.t(), min(k, 4), 0, largest=largest), x)
+    if dtype.is_floating_point:
+        special = torch.tensor([1.5, NAN, -INF, INF, -0.0, 1e-3, -1e-3, -2.5, 3.0, -3.0], dtype=dtype)
+        for k in (1, 3, 10):
+            for largest in (True, False):
+                v, i = torch.topk(special.to("tpu"), k, largest=largest)
+                ev, ei = torch.topk(special, k, largest=largest)
+                assert torch.equal(v.cpu().isnan(), ev.isnan())
+                assert torch.equal(v.cpu().nan_to_num(7.0), ev.nan_to_num(7.0)), (v, ev)
+                assert torch.equal(v.cpu().signbit(), ev.signbit())
+                assert torch.equal(i.cpu(), ei), (dtype, k, largest, i, ei)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int32, torch.int64])
+def test_stable_sort_of_short_dims_with_ties(dtype):
+    # dims up to 16 sort by argmin/argmax passes, longer ones by XLA's sort: both stable
+    x = torch.randint(0, 4, (6, 40), generator=torch.Generator().manual_seed(4)).to(dtype)
+    if dtype.is_floating_point:
+        x[0, :5] = torch.tensor([NAN, -0.0, 0.0, NAN, -INF])
+    for n in (3, 16, 17, 40):
+        for descending in (False, True):
+            v, i = torch.sort(x[:, :n].to("tpu"), stable=True, descending=descending)
+            ev, ei = torch.sort(x[:, :n], stable=True, descending=descending)
+            assert torch.equal(i.cpu(), ei), (n, descending)
+            torch.testing.assert_close(v.cpu(), ev, equal_nan=True)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64])
 def test_median(dtype):
     x = torch.randperm(42, generator=torch.Generator().manual_seed(2)).reshape(6, 7).to(dtype)  # no ties

@@ -979,6 +979,8 @@ static void r_addmm_act(tp_emit *e, const tp_node *n, tp_val *o) { addprod(e, n,
 
 /* ---- sorting ----------------------------------------------------------------------------------- */
 
+static int topk_passes(tp_emit *e, tp_val x, int d, int64_t kk, int largest, tp_val *vals, tp_val *idx);
+
 /* Stable sort of x along dim; NaN is the largest value (last ascending,
  * first descending), like PyTorch.  Returns values and i64 indices. */
 static void sort_dim(tp_emit *e, const tp_node *n, tp_val x, int dim, int descending, tp_val *vals, tp_val *idx) {
@@ -1051,7 +1053,10 @@ static void sort_like(tp_emit *e, const tp_node *n, tp_val *o, int dim_i) {
     return;
   }
   tp_val v, i;
-  sort_dim(e, n, x, d, lw_bool(n, dim_i + 1, 0), &v, &i);
+  int descending = lw_bool(n, dim_i + 1, 0);
+  /* a short dim sorts as a topk of all of it (first index on ties: stable) */
+  if (!topk_passes(e, x, d, em_type(e, x)->dims[d], descending, &v, &i))
+    sort_dim(e, n, x, d, descending, &v, &i);
   o[0] = to_out(e, n, 0, v);
   o[1] = to_out(e, n, 1, i);
 }
@@ -1066,6 +1071,67 @@ static tp_val take(tp_emit *e, tp_val v, int dim, int64_t from, int64_t len) {
   start[dim] = from;
   limit[dim] = from + len;
   return em_slice(e, v, start, limit, NULL);
+}
+
+/* topk for k <= TOPK_PASSES of f32/f16/bf16 or narrow-integer inputs: k
+ * passes of an argmax (argmin) over an order-preserving integer key, each
+ * taking the first index of the best key left, instead of XLA CPU's sort,
+ * which costs tens of times more (two experts of eight per token, the top
+ * tokens of a vocabulary).  Keys: a float's bits with the negative ones'
+ * magnitudes flipped, -0 as +0, every NaN above +inf (PyTorch's order); an
+ * integer's value.  A taken element's key becomes a sentinel outside the
+ * keys' range.  The values are gathered from x, bits and all.  Returns 0
+ * when it does not apply. */
+#define TOPK_PASSES 16
+static int topk_passes(tp_emit *e, tp_val x, int d, int64_t kk, int largest, tp_val *vals, tp_val *idx) {
+  tp_type xt = *em_type(e, x);
+  tp_dtype dt = xt.dt;
+  int fl = dt == TP_F32 || dt == TP_F16 || dt == TP_BF16;
+  if (kk < 1 || kk > TOPK_PASSES || !(fl || dt == TP_I32 || dt == TP_I16 || dt == TP_I8 || dt == TP_U8 || dt == TP_BOOL))
+    return 0;
+  int64_t n = xt.dims[d], total = tp_type_numel(&xt);
+  if (n == 0 || total == 0) return 0;
+  int64_t R = total / n, perm[TP_MAX_RANK], two[2] = {R, n}, flat = total;
+  int r = 0;
+  for (int i = 0; i < xt.rank; i++)
+    if (i != d) perm[r++] = i;
+  perm[r] = d;
+  tp_val x2 = em_reshape(e, em_transpose(e, x, perm), 2, two);
+  tp_type kt = tp_type_make(TP_I64, 2, two), k32 = tp_type_make(TP_I32, 2, two);
+  tp_val key;
+  if (fl) {
+    tp_val f = em_convert(e, x2, TP_F32), b = em_bitcast(e, f, &k32);
+    tp_val zero = em_full(e, 0, &k32);
+    tp_val flipped = em_binary(e, "stablehlo.xor", b, em_full(e, INT32_MAX, &k32));
+    tp_val k = em_select(e, em_compare(e, "LT", b, zero), flipped, b);
+    k = em_select(e, em_compare(e, "EQ", f, em_full(e, 0, em_type(e, f))), zero, k);
+    key = em_select(e, em_compare(e, "NE", f, f), em_full(e, 2147483648.0, &kt), em_convert(e, k, TP_I64));
+  } else {
+    key = em_convert(e, x2, TP_I64);
+  }
+  tp_val taken = em_full(e, largest ? -1099511627776.0 : 1099511627776.0, &kt); /* -+2^40 */
+  tp_val io = em_iota(e, &kt, 1);
+  int64_t col[2] = {R, 1};
+  tp_val picks[TOPK_PASSES];
+  for (int64_t t = 0; t < kk; t++) {
+    tp_val kv, ki;
+    em_argreduce(e, key, 1, largest, &kv, &ki);
+    picks[t] = em_reshape(e, ki, 2, col);
+    if (t + 1 < kk) key = em_select(e, em_compare(e, "EQ", io, em_bcast_to(e, picks[t], 2, two)), taken, key);
+  }
+  tp_val ix = em_concat(e, picks, (int)kk, 1); /* (R, kk) */
+  int64_t out2[2] = {R, kk};
+  tp_type rt = tp_type_make(TP_I64, 2, out2);
+  tp_val rowbase = em_binary(e, "stablehlo.multiply", em_iota(e, &rt, 0), em_full(e, (double)n, &rt));
+  tp_val v2 = em_gather_flat(e, em_reshape(e, x2, 1, &flat), em_binary(e, "stablehlo.add", rowbase, ix));
+  /* back to x's layout: the kk results along d */
+  int64_t pdims[TP_MAX_RANK], inv[TP_MAX_RANK];
+  for (int i = 0; i < r; i++) pdims[i] = xt.dims[perm[i]];
+  pdims[r] = kk;
+  for (int i = 0; i <= r; i++) inv[perm[i]] = i;
+  *vals = em_transpose(e, em_reshape(e, v2, xt.rank, pdims), inv);
+  *idx = em_transpose(e, em_reshape(e, ix, xt.rank, pdims), inv);
+  return 1;
 }
 
 /* topk(self, k, dim=-1, largest, sorted): always sorted. */
@@ -1084,6 +1150,11 @@ static void r_topk(tp_emit *e, const tp_node *n, tp_val *o) {
     return;
   }
   tp_val v, i;
+  if (topk_passes(e, x, d, kk, lw_bool(n, 3, 1), &v, &i)) {
+    o[0] = to_out(e, n, 0, v);
+    o[1] = to_out(e, n, 1, i);
+    return;
+  }
   sort_dim(e, n, x, d, lw_bool(n, 3, 1), &v, &i);
   o[0] = to_out(e, n, 0, take(e, v, d, 0, kk));
   o[1] = to_out(e, n, 1, take(e, i, d, 0, kk));

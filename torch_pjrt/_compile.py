@@ -1008,13 +1008,17 @@ _FOREACH_RENAME = {("maximum", "Scalar"): ("clamp_min", "default"), ("maximum", 
                    ("copy", "default"): ("copy", "default")}
 
 
+def _schema_args(op, args, kwargs):
+    """op's arguments in its schema's order, defaults filled in."""
+    return [args[i] if i < len(args) else kwargs.get(a.name, a.default_value if a.has_default_value() else None)
+            for i, a in enumerate(op._schema.arguments)]
+
+
 def _by_position(n):
     """Call node n's arguments in its schema's order, defaults filled in; and
     the positions of its list arguments."""
-    schema = n.target._schema.arguments
-    args = [n.args[i] if i < len(n.args) else n.kwargs.get(a.name, a.default_value if a.has_default_value() else None)
-            for i, a in enumerate(schema)]
-    return args, [i for i, a in enumerate(schema) if str(a.type).startswith("List[")]
+    return _schema_args(n.target, n.args, n.kwargs), [i for i, a in enumerate(n.target._schema.arguments)
+                                                      if str(a.type).startswith("List[")]
 
 
 def _foreach_elements(n):
@@ -1153,7 +1157,7 @@ def _inline_dense_hops(gm):
     from torch.fx.experimental.proxy_tensor import make_fx
     from torch.utils import _pytree as pytree
 
-    hops = None
+    hops, inlined = None, False
     for n in list(gm.graph.nodes):
         if n.op != "call_function" or not isinstance(n.target, torch._ops.HigherOrderOperator):
             continue
@@ -1215,6 +1219,8 @@ def _inline_dense_hops(gm):
         for m in reversed(added):  # the parts of the implementation nothing reads
             if not m.users and not m.is_impure():
                 gm.graph.erase_node(m)
+        inlined = True
+    if inlined:
         gm.recompile()
     return gm
 
@@ -1368,8 +1374,7 @@ def _register_fake_kernels():
             fixes[getattr(packet, ovl or "default")] = fix
 
     def spec_fixed(fake_mode, func, *args, **kwargs):
-        vals = [args[i] if i < len(args) else kwargs.get(a.name, a.default_value if a.has_default_value() else None)
-                for i, a in enumerate(func._schema.arguments)]
+        vals = _schema_args(func, args, kwargs)
         x = next((v for v in vals if isinstance(v, FakeTensor)), None)
         if x is None or x.fake_device.type != "tpu":
             return NotImplemented

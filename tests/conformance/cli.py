@@ -169,6 +169,8 @@ def main(argv=None):
                    help="run nothing: write --markdown from the report already in --json")
     p.add_argument("-q", "--quiet", action="store_true", help="no per-op progress lines")
     args = p.parse_args(argv)
+    if args.compiled and (args.update_expected or args.check_expected):
+        raise SystemExit("expected.json holds eager-mode statuses: --update-expected/--check-expected take no --compiled")
 
     if args.render:
         if not (args.json and args.markdown):
@@ -233,8 +235,6 @@ def main(argv=None):
     print(f"  grad      " + "  ".join(f"{s} {g[s]}" for s in rep.ALL_STATUSES) + f"  pass rate {rep._pct(g['pass_rate'])}")
 
     rc = 0
-    if args.compiled and (args.update_expected or args.check_expected):
-        raise SystemExit("expected.json holds eager-mode statuses: --update-expected/--check-expected take no --compiled")
     if args.update_expected or args.check_expected:
         if args.update_expected:
             write_expected(report)

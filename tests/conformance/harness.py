@@ -34,11 +34,10 @@ of its samples: mismatch > error > unsupported > pass.
 """
 import copy
 import math
+import os
 import re
 import time
 import traceback
-
-import os
 
 import torch
 

@@ -109,7 +109,7 @@ typedef struct entry {
   param_src *params;
   int nres;
   int *res_storage; /* result j replaces the buffer of storage res_storage[j] */
-  uint64_t donate;  /* bit i: parameter i's buffer is donated to its result */
+  unsigned char *donate; /* per parameter: 1 if its buffer is donated to its result */
   uint64_t rng_count;
   int check_storage;   /* index of the device's check flag among the storages, -1: no checks */
   int64_t check_base;  /* id of the program's first check (SRC_CHECK parameter) */
@@ -143,6 +143,7 @@ static void entry_free(entry *en) {
   free(en->key);
   free(en->params);
   free(en->res_storage);
+  free(en->donate);
   free(en);
 }
 
@@ -390,22 +391,23 @@ void tp_eager_number_int(tp_arg *a, int64_t v, int is_bool) {
 
 /* ---- the op being run ----------------------------------------------------------- */
 
-#define MAX_STORAGES 1024
-#define ST_LINEAR 16  /* up to this many storages, storage_index searches linearly; */
-#define ST_SLOTS 2048 /* past it, it hashes into this many slots (a power of two > 2 * MAX_STORAGES) */
+#define ST_LINEAR 16 /* up to this many storages, storage_index searches linearly; past it, st_slot */
 
+/* The per-storage tables grow with the op (a compiled graph's call may touch
+ * thousands of storages: every parameter, gradient and optimizer state). */
 struct tp_lower_ctx {
   const tp_eager_arg *args;
   int nargs;
-  int nst;
-  tp_storage *st[MAX_STORAGES];
-  short st_slot[ST_SLOTS]; /* index + 1 of the storage hashed there; 0: empty (once nst > ST_LINEAR) */
-  tp_dtype st_dt[MAX_STORAGES]; /* dtype of the storage's buffer */
-  int64_t st_numel[MAX_STORAGES];
-  tp_val st_param[MAX_STORAGES]; /* flat parameter, -1 until used */
-  tp_val st_cur[MAX_STORAGES];   /* flat value after writes, -1 if unwritten */
-  char st_read[MAX_STORAGES];    /* the program reads the storage's buffer */
-  char st_zero[MAX_STORAGES];    /* ... which does not exist yet: it reads as zeros */
+  int nst, capst;
+  tp_storage **st;
+  int *st_slot;       /* index + 1 of the storage hashed there, 0: empty; nslots > 2 * capst */
+  size_t nslots;      /* a power of two */
+  tp_dtype *st_dt;    /* dtype of the storage's buffer */
+  int64_t *st_numel;
+  tp_val *st_param;   /* flat parameter, -1 until used */
+  tp_val *st_cur;     /* flat value after writes, -1 if unwritten */
+  char *st_read;      /* the program reads the storage's buffer */
+  char *st_zero;      /* ... which does not exist yet: it reads as zeros */
   param_src *params;
   int nparams, capparams;
   int rng_used;
@@ -416,30 +418,71 @@ struct tp_lower_ctx {
   struct pending_check *checks;
 };
 
-static size_t st_hash(const tp_storage *s) {
+static size_t st_hash(const tp_lower_ctx *c, const tp_storage *s) {
   uint64_t v = (uint64_t)(uintptr_t)s;
   v ^= v >> 17;
   v *= 0x9E3779B97F4A7C15ull;
-  return (size_t)(v >> 40) & (ST_SLOTS - 1);
+  return (size_t)(v >> 32) & (c->nslots - 1);
 }
 
 static void st_slot_put(tp_lower_ctx *c, int i) {
-  size_t h = st_hash(c->st[i]);
-  while (c->st_slot[h]) h = (h + 1) & (ST_SLOTS - 1);
-  c->st_slot[h] = (short)(i + 1);
+  size_t h = st_hash(c, c->st[i]);
+  while (c->st_slot[h]) h = (h + 1) & (c->nslots - 1);
+  c->st_slot[h] = i + 1;
 }
 
-/* The storage's index in the op's table, added if new.  An eager op has a
- * few storages; a compiled graph's call hundreds, found through st_slot. */
+static void free_tables(tp_lower_ctx *c) {
+  free(c->st);
+  free(c->st_slot);
+  free(c->st_dt);
+  free(c->st_numel);
+  free(c->st_param);
+  free(c->st_cur);
+  free(c->st_read);
+  free(c->st_zero);
+}
+
+#define GROW(field, n)                                             \
+  do {                                                             \
+    void *np_ = realloc(c->field, sizeof(*c->field) * (size_t)(n)); \
+    if (!np_) return -1;                                           \
+    c->field = np_;                                                \
+  } while (0)
+
+/* Room for twice as many storages; the hashed ones are placed anew. */
+static int grow_tables(tp_lower_ctx *c) {
+  int cap = c->capst ? c->capst * 2 : 64;
+  GROW(st, cap);
+  GROW(st_dt, cap);
+  GROW(st_numel, cap);
+  GROW(st_param, cap);
+  GROW(st_cur, cap);
+  GROW(st_read, cap);
+  GROW(st_zero, cap);
+  int *slots = calloc((size_t)cap * 4, sizeof(int));
+  if (!slots) return -1;
+  free(c->st_slot);
+  c->st_slot = slots;
+  c->nslots = (size_t)cap * 4;
+  c->capst = cap;
+  if (c->nst > ST_LINEAR)
+    for (int j = 0; j < c->nst; j++) st_slot_put(c, j);
+  return 0;
+}
+#undef GROW
+
+/* The storage's index in the op's table, added if new (-1: out of host
+ * memory).  An eager op has a few storages; a compiled graph's call
+ * hundreds or thousands, found through st_slot. */
 static int storage_index(tp_lower_ctx *c, tp_storage *s) {
   if (c->nst <= ST_LINEAR) {
     for (int i = 0; i < c->nst; i++)
       if (c->st[i] == s) return i;
   } else {
-    for (size_t h = st_hash(s); c->st_slot[h]; h = (h + 1) & (ST_SLOTS - 1))
+    for (size_t h = st_hash(c, s); c->st_slot[h]; h = (h + 1) & (c->nslots - 1))
       if (c->st[c->st_slot[h] - 1] == s) return c->st_slot[h] - 1;
   }
-  if (c->nst == MAX_STORAGES) return -1;
+  if (c->nst == c->capst && grow_tables(c) < 0) return -1;
   int i = c->nst++;
   c->st[i] = s;
   c->st_param[i] = -1;
@@ -451,6 +494,17 @@ static int storage_index(tp_lower_ctx *c, tp_storage *s) {
   else if (c->nst > ST_LINEAR + 1)
     st_slot_put(c, i);
   return i;
+}
+
+/* Empty the table for the next op (its arrays stay for reuse). */
+static void clear_tables(tp_lower_ctx *c) {
+  if (c->nst > ST_LINEAR) /* the op hashed its storages: clear just their slots */
+    for (int j = 0; j < c->nst; j++) {
+      size_t h = st_hash(c, c->st[j]);
+      while (c->st_slot[h] != j + 1) h = (h + 1) & (c->nslots - 1);
+      c->st_slot[h] = 0;
+    }
+  c->nst = 0;
 }
 
 static int push_param(tp_lower_ctx *c, src_kind k, int idx, tp_dtype dt) {
@@ -647,7 +701,7 @@ static tp_status *emit_flag_update(tp_plugin *p, tp_emit *e, tp_lower_ctx *c, co
   tp_storage *flag = flag_storage(p, c->device, &st);
   if (!flag) return st ? st : tp_error(TP_RESOURCE_EXHAUSTED, "out of host memory");
   int fs = storage_index(c, flag);
-  if (fs < 0) return tp_error(TP_RESOURCE_EXHAUSTED, "too many distinct storages in one op");
+  if (fs < 0) return tp_error(TP_RESOURCE_EXHAUSTED, "out of host memory");
   int64_t base = check_ids(op, c->checks, c->nchecks);
   if (base < 0) return tp_error(TP_RESOURCE_EXHAUSTED, "out of host memory (index check messages)");
   c->st_dt[fs] = TP_I64;
@@ -871,7 +925,7 @@ static tp_val view_read(tp_emit *e, tp_lower_ctx *c, const tp_tensor_ref *r) {
   tp_type vt = tp_type_make(r->dt, r->rank, r->sizes);
   if (ref_numel(r) == 0) return em_full(e, 0, &vt);
   int s = storage_index(c, r->st);
-  if (s < 0) return em_fail(e, TP_RESOURCE_EXHAUSTED, "too many distinct storages in one op");
+  if (s < 0) return em_fail(e, TP_RESOURCE_EXHAUSTED, "out of host memory");
   tp_val flat = c->st_cur[s] >= 0 ? c->st_cur[s] : storage_param(e, c, s);
   flat = reinterpret(e, flat, r->dt);
   box_plan p;
@@ -924,7 +978,7 @@ static void view_write(tp_emit *e, tp_lower_ctx *c, const tp_tensor_ref *r, tp_v
   if (ref_numel(r) == 0) return;
   int s = storage_index(c, r->st);
   if (s < 0) {
-    em_fail(e, TP_RESOURCE_EXHAUSTED, "too many distinct storages in one op");
+    em_fail(e, TP_RESOURCE_EXHAUSTED, "out of host memory");
     return;
   }
   v = em_convert(e, v, r->dt);
@@ -1272,25 +1326,31 @@ static tp_status *build_entry(tp_plugin *p, tp_lower_ctx *c, const char *op, tp_
   if (!em_failed(e) && c->nchecks > 0 && (st = emit_flag_update(p, e, c, op, en)) != NULL) goto done;
   int nres = 0;
   en->res_storage = calloc((size_t)c->nst + 1, sizeof(int));
-  if (!en->res_storage) {
+  en->donate = calloc((size_t)c->nparams + 1, 1);
+  int *param_of = malloc(sizeof(int) * ((size_t)c->nst + 1)); /* storage -> its parameter, -1: none */
+  if (!en->res_storage || !en->donate || !param_of) {
+    free(param_of);
     st = tp_error(TP_RESOURCE_EXHAUSTED, "out of host memory");
     goto done;
   }
+  for (int s = 0; s < c->nst; s++) param_of[s] = -1;
+  for (int q = 0; q < c->nparams; q++)
+    if (c->params[q].kind == SRC_STORAGE) param_of[c->params[q].idx] = q;
   /* A storage the op reads and writes (in-place ops, outputs that are
    * views): its old buffer is donated to the new one, so XLA may update it
    * in place instead of allocating. */
   for (int s = 0; s < c->nst; s++)
     if (c->st_cur[s] >= 0) {
-      for (int p = 0; p < c->nparams && p < 64; p++)
-        if (c->params[p].kind == SRC_STORAGE && c->params[p].idx == s &&
-            tp_type_numel(em_type(e, c->st_param[s])) == tp_type_numel(em_type(e, c->st_cur[s])) &&
-            em_type(e, c->st_param[s])->dt == em_type(e, c->st_cur[s])->dt) {
-          em_param_alias(e, p, nres);
-          en->donate |= (uint64_t)1 << p;
-        }
+      int q = param_of[s];
+      if (q >= 0 && tp_type_numel(em_type(e, c->st_param[s])) == tp_type_numel(em_type(e, c->st_cur[s])) &&
+          em_type(e, c->st_param[s])->dt == em_type(e, c->st_cur[s])->dt) {
+        em_param_alias(e, q, nres);
+        en->donate[q] = 1;
+      }
       res[nres] = c->st_cur[s];
       en->res_storage[nres++] = s;
     }
+  free(param_of);
   const char *text = em_finish(e, res, nres);
   if (!text) {
     st = em_take_error(e);
@@ -1332,7 +1392,7 @@ done:
 
 static tp_status *need_read(tp_lower_ctx *c, const tp_tensor_ref *r) {
   int s = storage_index(c, r->st);
-  if (s < 0) return tp_error(TP_RESOURCE_EXHAUSTED, "too many distinct storages in one op");
+  if (s < 0) return tp_error(TP_RESOURCE_EXHAUSTED, "out of host memory");
   if (ref_numel(r) == 0) return NULL;
   c->st_read[s] = 1;
   if (!tp_storage_buffer(r->st) && !c->st_zero[s]) {
@@ -1408,7 +1468,7 @@ static tp_status *run_locked(tp_plugin *p, tp_lower_ctx *c, const char *op, cons
   }
   int64_t total_out = 0;
   for (int i = 0; i < nouts; i++) {
-    if (storage_index(c, outs[i].st) < 0) return tp_error(TP_RESOURCE_EXHAUSTED, "too many storages");
+    if (storage_index(c, outs[i].st) < 0) return tp_error(TP_RESOURCE_EXHAUSTED, "out of host memory");
     if (!full_cover(&outs[i])) TP_RETURN_IF_ERROR(need_read(c, &outs[i]));
     if (device < 0) device = tp_storage_device(outs[i].st);
     total_out += ref_numel(&outs[i]);
@@ -1473,7 +1533,7 @@ static tp_status *run_locked(tp_plugin *p, tp_lower_ctx *c, const char *op, cons
   if (st) return st;
 
   /* Gather parameters and run. */
-  tp_buffer *inb[256], *tmp[256], *outb[MAX_STORAGES > 256 ? 256 : MAX_STORAGES];
+  tp_buffer *inb[256], *tmp[256], *outb[256];
   tp_buffer **in = en->nparams <= 256 ? inb : calloc((size_t)en->nparams, sizeof(tp_buffer *));
   tp_buffer **ob = en->nres <= 256 ? outb : calloc((size_t)en->nres, sizeof(tp_buffer *));
   int ntmp = 0, nbusy = 0;
@@ -1556,8 +1616,7 @@ tp_status *tp_eager_run_rng(const char *op, const tp_eager_arg *args, int nargs,
   } else {
     g_ctx_busy = 1;
   }
-  if (c->nst > ST_LINEAR) memset(c->st_slot, 0, sizeof c->st_slot); /* the last op hashed its storages */
-  c->nst = 0;
+  clear_tables(c);
   c->nparams = 0; /* keeps its params and checks arrays for reuse */
   c->rng_used = 0;
   c->rng = rng;
@@ -1568,6 +1627,7 @@ tp_status *tp_eager_run_rng(const char *op, const tp_eager_arg *args, int nargs,
   } else {
     free(c->params);
     free(c->checks);
+    free_tables(c);
     free(c);
   }
   tp_storage_unlock();

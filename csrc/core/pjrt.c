@@ -1336,7 +1336,7 @@ static tp_status *wrap_outputs(tp_exec *e, int device, PJRT_Buffer **outv,
 #define SMALL_ARGS 32
 
 tp_status *tp_execute(tp_exec *e, int device, tp_buffer *const *args,
-                      int nargs, uint64_t donate, tp_buffer **outs, int nouts) {
+                      int nargs, const unsigned char *donate, tp_buffer **outs, int nouts) {
   if (!e) return tp_error(TP_INVALID_ARGUMENT, "tp_execute: NULL executable");
   TP_RETURN_IF_ERROR(check_process(e->p));
   TP_RETURN_IF_ERROR(check_execute_args(e, device, args, nargs, outs, nouts));
@@ -1358,8 +1358,8 @@ tp_status *tp_execute(tp_exec *e, int device, tp_buffer *const *args,
 
   if (!st && e->out_bytes > 0) { /* what the outputs add, less what donation frees */
     int64_t need = e->out_bytes;
-    for (int i = 0; i < nargs && i < 64; i++)
-      if (donate & ((uint64_t)1 << i)) need -= (int64_t)args[i]->nbytes;
+    for (int i = 0; donate && i < nargs; i++)
+      if (donate[i]) need -= (int64_t)args[i]->nbytes;
     st = mem_check(e->p, device, need);
   }
   if (!st) {
@@ -1368,7 +1368,7 @@ tp_status *tp_execute(tp_exec *e, int device, tp_buffer *const *args,
     size_t nkeep = 0;
     for (int i = 0; i < nargs; i++) {
       argv[i] = args[i]->buf;
-      if (i >= 64 || !(donate & ((uint64_t)1 << i))) keep[nkeep++] = i;
+      if (!donate || !donate[i]) keep[nkeep++] = i;
     }
     for (int i = 0; i < nout; i++) outv[i] = NULL;
     st = launch(e, device, argv, nargs, keep, nkeep, outv);

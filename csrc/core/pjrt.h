@@ -109,14 +109,14 @@ tp_status *tp_compile(tp_plugin *p, const char *mlir, size_t len,
 int tp_exec_num_outputs(const tp_exec *e);
 void tp_exec_free(tp_exec *e); /* NULL is a no-op */
 
-/* Run `e` on `device`.  `args` are borrowed (a buffer listed in `donate`
- * — a bitmask over argument indices < 64 — may be donated to the program
- * and must not be used afterwards, except to free it).  `outs` must have
+/* Run `e` on `device`.  `args` are borrowed (a buffer whose `donate[i]` is
+ * nonzero may be donated to the program and must not be used afterwards,
+ * except to free it; `donate` NULL: none is).  `outs` must have
  * room for tp_exec_num_outputs(e) new buffers, owned by the caller.
  * Returns before the computation finishes where the plugin is
  * asynchronous; reading an output waits for it. */
 tp_status *tp_execute(tp_exec *e, int device, tp_buffer *const *args,
-                      int nargs, uint64_t donate, tp_buffer **outs, int nouts);
+                      int nargs, const unsigned char *donate, tp_buffer **outs, int nouts);
 
 /* Serialize an executable (for the disk cache) and load it back. */
 tp_status *tp_exec_serialize(tp_exec *e, void **data, size_t *len); /* free() data */

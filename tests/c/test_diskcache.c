@@ -735,7 +735,7 @@ static void check_add(tp_plugin *p, tp_exec *e) {
   CHECK_OK(tp_buffer_from_host(p, 0, TP_F32, dims, 2, a, &ba));
   CHECK_OK(tp_buffer_from_host(p, 0, TP_F32, dims, 2, b, &bb));
   tp_buffer *args[2] = {ba, bb};
-  if (ba && bb) CHECK_OK(tp_execute(e, 0, args, 2, 0, out, 1));
+  if (ba && bb) CHECK_OK(tp_execute(e, 0, args, 2, NULL, out, 1));
   if (out[0]) {
     float r[6] = {0};
     CHECK_OK(tp_buffer_to_host(out[0], r, sizeof r));

@@ -322,7 +322,7 @@ static void check_add(tp_exec *e, int device) {
   tp_buffer *b = make_f32(device, kB, k2x3, 2);
   tp_buffer *args[2] = {a, b};
   tp_buffer *out[1] = {NULL};
-  CHECK_OK(tp_execute(e, device, args, 2, 0, out, 1));
+  CHECK_OK(tp_execute(e, device, args, 2, NULL, out, 1));
   if (out[0]) {
     CHECK_EQ_INT(tp_buffer_device(out[0]), device);
     CHECK_EQ_INT(tp_buffer_dtype(out[0]), TP_F32);
@@ -361,7 +361,7 @@ TEST(test_execute_two_outputs) {
   tp_buffer *b = make_f32(1, bm, d32, 2);
   tp_buffer *args[2] = {a, b};
   tp_buffer *out[2] = {NULL, NULL};
-  CHECK_OK(tp_execute(e, 1, args, 2, 0, out, 2));
+  CHECK_OK(tp_execute(e, 1, args, 2, NULL, out, 2));
   if (out[0] && out[1]) {
     float dot[4] = {0}, sum = 0;
     CHECK_OK(tp_buffer_to_host(out[0], dot, sizeof dot));
@@ -392,13 +392,14 @@ TEST(test_memory_limit) {
   tp_buffer *args[2] = {a, b};
   tp_buffer *out[1] = {NULL};
   tp_buffer *c = NULL;
-  CHECK_OK(tp_execute(e, 0, args, 2, 1u << 0, out, 1)); /* donated: needs nothing more */
+  const unsigned char first[2] = {1, 0};
+  CHECK_OK(tp_execute(e, 0, args, 2, first, out, 1)); /* donated: needs nothing more */
   tp_buffer_free(out[0]);
   out[0] = NULL;
   tp_buffer_free(a);
   a = make_f32(0, kA, k2x3, 2);
   args[0] = a;
-  CHECK_ERR(tp_execute(e, 0, args, 2, 0, out, 1), TP_RESOURCE_EXHAUSTED); /* 24 more bytes */
+  CHECK_ERR(tp_execute(e, 0, args, 2, NULL, out, 1), TP_RESOURCE_EXHAUSTED); /* 24 more bytes */
   CHECK(out[0] == NULL);
   float r[6] = {0};
   CHECK_OK(tp_buffer_to_host(a, r, sizeof r));
@@ -408,7 +409,7 @@ TEST(test_memory_limit) {
   CHECK_OK(tp_buffer_from_host(P, 1, TP_F32, k2x3, 2, kA, &c)); /* another device: no limit */
   tp_buffer_free(c);
   CHECK_OK(tp_plugin_set_mem_limit(P, 0, -1));
-  CHECK_OK(tp_execute(e, 0, args, 2, 0, out, 1));
+  CHECK_OK(tp_execute(e, 0, args, 2, NULL, out, 1));
   tp_buffer_free(out[0]);
   CHECK_ERR(tp_plugin_set_mem_limit(P, 9, 0), TP_OUT_OF_RANGE);
   tp_buffer_free(a);
@@ -430,7 +431,7 @@ TEST(test_free_while_running) {
   tp_buffer *b = make_f32(0, bm, d32, 2);
   tp_buffer *args[2] = {a, b};
   tp_buffer *out[2] = {NULL, NULL};
-  CHECK_OK(tp_execute(e, 0, args, 2, 0, out, 2));
+  CHECK_OK(tp_execute(e, 0, args, 2, NULL, out, 2));
   tp_buffer_free(a);
   tp_buffer_free(b);
   if (out[0] && out[1]) {
@@ -501,14 +502,14 @@ TEST(test_execute_bad_args) {
   tp_buffer *args[2] = {a, b1};
   tp_buffer *out[1] = {NULL};
   /* An argument on the wrong device. */
-  CHECK_ERR(tp_execute(e, 0, args, 2, 0, out, 1), TP_INVALID_ARGUMENT);
+  CHECK_ERR(tp_execute(e, 0, args, 2, NULL, out, 1), TP_INVALID_ARGUMENT);
   /* No room for the output. */
-  CHECK_ERR(tp_execute(e, 0, args, 2, 0, out, 0), TP_INVALID_ARGUMENT);
+  CHECK_ERR(tp_execute(e, 0, args, 2, NULL, out, 0), TP_INVALID_ARGUMENT);
   /* Wrong number of arguments: the plugin's own error. */
-  tp_status *st = tp_execute(e, 0, args, 1, 0, out, 1);
+  tp_status *st = tp_execute(e, 0, args, 1, NULL, out, 1);
   CHECK(st != NULL && tp_status_message(st)[0] != '\0');
   tp_status_free(st);
-  CHECK_ERR(tp_execute(e, 2, args, 2, 0, out, 1), TP_OUT_OF_RANGE);
+  CHECK_ERR(tp_execute(e, 2, args, 2, NULL, out, 1), TP_OUT_OF_RANGE);
   CHECK(out[0] == NULL);
   tp_buffer_free(a);
   tp_buffer_free(b1);
@@ -523,7 +524,7 @@ TEST(test_donation) {
   tp_buffer *b = make_f32(0, kB, k2x3, 2);
   tp_buffer *args[2] = {a, b};
   tp_buffer *out[1] = {NULL};
-  CHECK_OK(tp_execute(e, 0, args, 2, 0, out, 1));
+  CHECK_OK(tp_execute(e, 0, args, 2, NULL, out, 1));
   float r[6] = {0};
   CHECK_OK(tp_buffer_to_host(out[0], r, sizeof r));
   CHECK(r[5] == 66);
@@ -534,7 +535,8 @@ TEST(test_donation) {
 
   /* Donated: the output is right and the input is gone; reading it is an
    * error status, not a crash. */
-  CHECK_OK(tp_execute(e, 0, args, 2, 1u << 0, out, 1));
+  const unsigned char first[2] = {1, 0};
+  CHECK_OK(tp_execute(e, 0, args, 2, first, out, 1));
   CHECK_OK(tp_buffer_to_host(out[0], r, sizeof r));
   CHECK(r[0] == 11 && r[5] == 66);
   tp_status *st = tp_buffer_to_host(a, r, sizeof r);
@@ -547,7 +549,7 @@ TEST(test_donation) {
   tp_status_free(st);
   /* Using it again as an argument fails cleanly too. */
   tp_buffer *out2[1] = {NULL};
-  st = tp_execute(e, 0, args, 2, 0, out2, 1);
+  st = tp_execute(e, 0, args, 2, NULL, out2, 1);
   if (!st) st = tp_buffer_await(out2[0]);
   CHECK(st != NULL);
   tp_status_free(st);
@@ -633,7 +635,7 @@ static void *thread_body(void *arg) {
     tp_status *st = tp_buffer_from_host(P, device, TP_F32, k2x3, 2, kA, &a);
     if (!st) st = tp_buffer_from_host(P, device, TP_F32, k2x3, 2, kB, &b);
     tp_buffer *args[2] = {a, b};
-    if (!st) st = tp_execute(g_thread_exec, device, args, 2, 0, out, 1);
+    if (!st) st = tp_execute(g_thread_exec, device, args, 2, NULL, out, 1);
     float r[6] = {0};
     if (!st) st = tp_buffer_to_host(out[0], r, sizeof r);
     if (st || r[2] != 33) bad++;
@@ -688,7 +690,7 @@ TEST(test_emit_while) {
   if (ex) {
     tp_buffer *xb = make_f32(0, kA, k2x3, 2);
     tp_buffer *o[1] = {NULL};
-    CHECK_OK(tp_execute(ex, 0, &xb, 1, 0, o, 1));
+    CHECK_OK(tp_execute(ex, 0, &xb, 1, NULL, o, 1));
     float r[6] = {0};
     if (o[0]) CHECK_OK(tp_buffer_to_host(o[0], r, sizeof r));
     for (int i = 0; i < 6; i++) CHECK(r[i] == 16.0f + 15.0f * kA[i]);
@@ -733,7 +735,7 @@ TEST(test_emit_case) {
     tp_buffer *in[2] = {make_f32(0, kA, k2x3, 2), NULL};
     CHECK_OK(tp_buffer_from_host(P, 0, TP_I32, NULL, 0, &pick, &in[1]));
     tp_buffer *o[1] = {NULL};
-    CHECK_OK(tp_execute(ex, 0, in, 2, 0, o, 1));
+    CHECK_OK(tp_execute(ex, 0, in, 2, NULL, o, 1));
     float r[6] = {0};
     if (o[0]) CHECK_OK(tp_buffer_to_host(o[0], r, sizeof r));
     for (int j = 0; j < 6; j++) CHECK(r[j] == (pick == 0 ? kA[j] + 1 : pick == 1 ? kA[j] * 2 : -kA[j]));
@@ -775,7 +777,7 @@ TEST(test_emit_dyn_slice) {
   if (ex) {
     tp_buffer *xb = make_f32(0, kA, k2x3, 2);
     tp_buffer *o[1] = {NULL};
-    CHECK_OK(tp_execute(ex, 0, &xb, 1, 0, o, 1));
+    CHECK_OK(tp_execute(ex, 0, &xb, 1, NULL, o, 1));
     float r[6] = {0};
     if (o[0]) CHECK_OK(tp_buffer_to_host(o[0], r, sizeof r));
     for (int i = 0; i < 6; i++) CHECK(r[i] == kA[3 + i % 3]);

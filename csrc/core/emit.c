@@ -52,6 +52,8 @@ static void sb_printf(sbuf *b, const char *fmt, ...) {
 
 struct tp_emit {
   tp_type *types; /* indexed by value id */
+  tp_val *reshaped; /* per value: what it is a reshape of, or -1 */
+  tp_val *splat;    /* per value: the rank-0 value it broadcasts, or -1 */
   int nvals, capvals;
   tp_val *params;
   int *param_alias; /* per parameter: the result it may be donated to, or -1 */
@@ -90,6 +92,8 @@ tp_emit *em_new(void) { return calloc(1, sizeof(tp_emit)); }
 void em_free(tp_emit *e) {
   if (!e) return;
   free(e->types);
+  free(e->reshaped);
+  free(e->splat);
   free(e->params);
   free(e->param_alias);
   free(e->body.p);
@@ -123,11 +127,16 @@ static tp_val new_val(tp_emit *e, const tp_type *tin) {
   if (e->nvals == e->capvals) {
     int nc = e->capvals ? e->capvals * 2 : 64;
     tp_type *nt = realloc(e->types, sizeof(tp_type) * (size_t)nc);
-    if (!nt) return em_fail(e, TP_RESOURCE_EXHAUSTED, "out of memory building a program");
-    e->types = nt;
+    if (nt) e->types = nt;
+    tp_val *nr = nt ? realloc(e->reshaped, sizeof(tp_val) * (size_t)nc) : NULL;
+    if (nr) e->reshaped = nr;
+    tp_val *ns = nr ? realloc(e->splat, sizeof(tp_val) * (size_t)nc) : NULL;
+    if (!ns) return em_fail(e, TP_RESOURCE_EXHAUSTED, "out of memory building a program");
+    e->splat = ns;
     e->capvals = nc;
   }
   e->types[e->nvals] = t;
+  e->reshaped[e->nvals] = e->splat[e->nvals] = -1;
   return e->nvals++;
 }
 
@@ -259,12 +268,69 @@ static int operand_dtype_ok(tp_emit *e, const char *name, const tp_val *in, int 
   return 1;
 }
 
+/* Elementwise ops: the same whatever the shape their operands share. */
+static const char *const kElementwise[] = {
+    "stablehlo.abs", "stablehlo.add", "stablehlo.and", "stablehlo.atan2", "stablehlo.cbrt", "stablehlo.ceil",
+    "stablehlo.clamp", "stablehlo.compare", "stablehlo.complex", "stablehlo.convert", "stablehlo.cosine",
+    "stablehlo.count_leading_zeros", "stablehlo.divide", "stablehlo.exponential", "stablehlo.exponential_minus_one",
+    "stablehlo.floor", "stablehlo.imag", "stablehlo.is_finite", "stablehlo.log", "stablehlo.log_plus_one",
+    "stablehlo.logistic", "stablehlo.maximum", "stablehlo.minimum", "stablehlo.multiply", "stablehlo.negate",
+    "stablehlo.not", "stablehlo.or", "stablehlo.popcnt", "stablehlo.power", "stablehlo.real",
+    "stablehlo.reduce_precision", "stablehlo.remainder", "stablehlo.round_nearest_afz",
+    "stablehlo.round_nearest_even", "stablehlo.rsqrt", "stablehlo.select", "stablehlo.shift_left",
+    "stablehlo.shift_right_arithmetic", "stablehlo.shift_right_logical", "stablehlo.sign", "stablehlo.sine",
+    "stablehlo.sqrt", "stablehlo.subtract", "stablehlo.tan", "stablehlo.tanh", "stablehlo.xor", "chlo.erf",
+    "chlo.erfc", "chlo.erf_inv", "chlo.lgamma", "chlo.digamma"};
+
+static tp_val emit_line(tp_emit *e, const char *name, const char *attrs, const tp_val *in, int nin,
+                        const tp_type *out_in);
+
+/* An elementwise op whose operands are reshapes of values of one shape (or
+ * broadcast numbers) runs in that shape and its result is reshaped: a
+ * storage's flat values, viewed as a tensor and updated elementwise (an
+ * optimizer step), stay flat from input to output.  XLA then sees one value
+ * where the reshapes would have had it compute two: XLA:CPU copies a cheap
+ * elementwise producer into each consumer that can take it, the reshape to
+ * the flat result included, and the copy that reads an input updated in
+ * place forces XLA to keep that input's old value (a copy per tensor of an
+ * optimizer's state).  Returns -2 where this does not apply. */
+static tp_val emit_unreshaped(tp_emit *e, const char *name, const char *attrs, const tp_val *in, int nin,
+                              const tp_type *out) {
+  tp_val base = -1;
+  for (int i = 0; i < nin; i++) {
+    tp_val r = e->reshaped[in[i]];
+    if (r >= 0) {
+      const tp_type *a = &e->types[r], *b = base >= 0 ? &e->types[base] : a;
+      if (a->rank != b->rank || memcmp(a->dims, b->dims, sizeof(int64_t) * (size_t)a->rank)) return -2;
+      base = r;
+    } else if (e->splat[in[i]] < 0 && e->types[in[i]].rank > 0) {
+      return -2;
+    }
+  }
+  if (base < 0 || !LISTED(name, kElementwise)) return -2;
+  tp_type t = e->types[base];
+  t.dt = out->dt;
+  tp_val ops[8];
+  if (nin > 8) return -2;
+  for (int i = 0; i < nin; i++) {
+    tp_val x = in[i];
+    if (e->reshaped[x] >= 0) ops[i] = e->reshaped[x];
+    else if (e->splat[x] >= 0) ops[i] = em_bcast_in_dim(e, e->splat[x], &t, NULL);
+    else ops[i] = x; /* rank 0: clamp's bounds, select's predicate */
+  }
+  return em_reshape(e, emit_line(e, name, attrs, ops, nin, &t), out->rank, out->dims);
+}
+
 /* Write "%vN = "name"(ins) {attrs} : (in types) -> out type" */
 static tp_val emit_line(tp_emit *e, const char *name, const char *attrs, const tp_val *in, int nin,
                         const tp_type *out_in) {
   for (int i = 0; i < nin; i++)
     if (bad(e, in[i])) return -1;
   if (!operand_dtype_ok(e, name, in, nin)) return -1;
+  if (out_in->rank > 0) {
+    tp_val v = emit_unreshaped(e, name, attrs, in, nin, out_in);
+    if (v != -2) return v;
+  }
   tp_type o = *out_in; /* out_in may point into e->types, which new_val moves */
   const tp_type *out = &o;
   tp_val v = new_val(e, out);
@@ -417,9 +483,12 @@ tp_val em_reshape(tp_emit *e, tp_val x, int rank, const int64_t *dims) {
   if (tp_type_numel(&t) != tp_type_numel(&e->types[x]))
     return em_fail(e, TP_INTERNAL, "reshape of %" PRId64 " elements to %" PRId64, tp_type_numel(&e->types[x]),
                    tp_type_numel(&t));
+  if (e->reshaped[x] >= 0) x = e->reshaped[x]; /* a reshape of a reshape: one reshape */
   const tp_type *s = &e->types[x];
   if (s->rank == rank && !memcmp(s->dims, dims, sizeof(int64_t) * (size_t)rank)) return x;
-  return emit_line(e, "stablehlo.reshape", NULL, &x, 1, &t);
+  tp_val v = emit_line(e, "stablehlo.reshape", NULL, &x, 1, &t);
+  if (v >= 0) e->reshaped[v] = x;
+  return v;
 }
 
 static void attr_ints(char *buf, size_t cap, const char *name, const int64_t *v, int n) {
@@ -454,8 +523,11 @@ tp_val em_bcast_in_dim(tp_emit *e, tp_val x, const tp_type *out, const int64_t *
     if (ident) return x;
   }
   char attrs[512];
+  int scalar = s->rank == 0;
   attr_ints(attrs, sizeof attrs, "broadcast_dimensions", map, map ? s->rank : 0);
-  return emit_line(e, "stablehlo.broadcast_in_dim", attrs, &x, 1, &t);
+  tp_val v = emit_line(e, "stablehlo.broadcast_in_dim", attrs, &x, 1, &t);
+  if (v >= 0 && scalar) e->splat[v] = x;
+  return v;
 }
 
 tp_val em_bcast_to(tp_emit *e, tp_val x, int rank, const int64_t *dims) {

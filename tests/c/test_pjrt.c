@@ -757,6 +757,53 @@ TEST(test_emit_case) {
   em_free(e);
 }
 
+/* ---- emitter: elementwise ops on reshaped values ------------------------------- */
+
+/* A flat value viewed as 2x3, updated elementwise with a number and a second
+ * flat value, and flattened again: the ops run on the flat values (the
+ * result is the flat select itself; the reshapes left unused are dead code
+ * XLA drops), and the result is right.  An operand that is
+ * not a reshape (a 2x3 parameter) keeps the op in its shape. */
+TEST(test_emit_elementwise_on_reshapes) {
+  tp_emit *e = em_new();
+  int64_t six = 6;
+  tp_type flat = tp_type_make(TP_F32, 1, &six), t = tp_type_make(TP_F32, 2, k2x3);
+  tp_val a = em_param(e, &flat), b = em_param(e, &flat);
+  tp_val a2 = em_reshape(e, a, 2, k2x3), b2 = em_reshape(e, b, 2, k2x3);
+  tp_val y = em_binary(e, "stablehlo.add", em_binary(e, "stablehlo.multiply", a2, em_full(e, 3.0, &t)), b2);
+  tp_val big = em_compare(e, "GT", y, em_full(e, 10.0, &t));
+  tp_val z = em_select(e, big, y, em_unary(e, "stablehlo.negate", y));
+  CHECK_EQ_INT(em_type(e, z)->rank, 2);
+  tp_val out = em_reshape(e, z, 1, &six);
+  const char *text = em_finish(e, &out, 1);
+  char def[64];
+  snprintf(def, sizeof def, "%%v%d = \"stablehlo.select\"", out); /* the result is the flat select */
+  CHECK(text != NULL && strstr(text, def));
+  tp_exec *ex = text ? compile(text) : NULL;
+  if (ex) {
+    tp_buffer *in[2] = {make_f32(0, kA, &six, 1), make_f32(0, kA, &six, 1)};
+    tp_buffer *o[1] = {NULL};
+    CHECK_OK(tp_execute(ex, 0, in, 2, NULL, o, 1));
+    float r[6] = {0};
+    if (o[0]) CHECK_OK(tp_buffer_to_host(o[0], r, sizeof r));
+    for (int j = 0; j < 6; j++) CHECK(r[j] == (4 * kA[j] > 10 ? 4 * kA[j] : -4 * kA[j]));
+    tp_buffer_free(o[0]);
+    tp_buffer_free(in[0]);
+    tp_buffer_free(in[1]);
+    tp_exec_free(ex);
+  }
+  em_free(e);
+  tp_emit *e2 = em_new();
+  tp_val p = em_param(e2, &flat), q = em_param(e2, &t);
+  tp_val s2 = em_binary(e2, "stablehlo.add", em_reshape(e2, p, 2, k2x3), q);
+  CHECK_EQ_INT(em_type(e2, s2)->rank, 2);
+  const char *text2 = em_finish(e2, &s2, 1);
+  char def2[64];
+  snprintf(def2, sizeof def2, "%%v%d = \"stablehlo.add\"", s2);
+  CHECK(text2 != NULL && strstr(text2, def2));
+  em_free(e2);
+}
+
 /* ---- emitter: runtime-indexed slices ----------------------------------------- */
 
 /* row = x[i:i+1, :] at a runtime i = 1; out = x with row 0 replaced by it. */
@@ -858,6 +905,7 @@ int main(void) {
   RUN(test_threads);
   RUN(test_emit_while);
   RUN(test_emit_case);
+  RUN(test_emit_elementwise_on_reshapes);
   RUN(test_emit_dyn_slice);
   RUN(test_emit_refuses_operand_dtypes);
   tp_plugin_destroy(P);

@@ -81,6 +81,7 @@ struct tp_diskcache {
   int64_t cap;
   pthread_mutex_t mu; /* guards stats (bytes_on_disk included) and scans */
   tp_diskcache_stats stats;
+  int scanned; /* the directory has been measured (the first write or stats call does it) */
 };
 
 /* ---- hashing ------------------------------------------------------------- */
@@ -420,6 +421,7 @@ static void scan_and_evict(tp_diskcache *c, const char *keep) {
     }
   }
   c->stats.bytes_on_disk = total;
+  c->scanned = 1;
   free(ents);
   closedir(d);
 }
@@ -456,7 +458,10 @@ tp_status *tp_diskcache_open(const char *dir, int64_t cap_bytes,
     return st;
   }
   pthread_mutex_init(&c->mu, NULL);
-  scan_and_evict(c, NULL);
+  /* The directory is measured (and trimmed to the cap) at the first write
+   * or stats call, not here: a process that only reads its programs back
+   * (a warm start) never stats every entry, and opening stays cheap however
+   * many entries the cache holds (~3 us each). */
   *out = c;
   return NULL;
 }
@@ -474,6 +479,7 @@ void tp_diskcache_get_stats(tp_diskcache *c, tp_diskcache_stats *out) {
   memset(out, 0, sizeof *out);
   if (!c) return;
   pthread_mutex_lock(&c->mu);
+  if (!c->scanned) scan_and_evict(c, NULL);
   *out = c->stats;
   pthread_mutex_unlock(&c->mu);
 }
@@ -576,7 +582,7 @@ tp_status *tp_diskcache_get(tp_diskcache *c, const void *key, size_t keylen,
   } else if (res == R_CORRUPT || res == R_OTHER_KEY) {
     c->stats.misses++;
     if (res == R_CORRUPT) c->stats.corrupt_dropped++;
-    if (dropped) c->stats.bytes_on_disk -= (int64_t)sb.st_size;
+    if (dropped && c->scanned) c->stats.bytes_on_disk -= (int64_t)sb.st_size;
     if (c->stats.bytes_on_disk < 0) c->stats.bytes_on_disk = 0;
   }
   pthread_mutex_unlock(&c->mu);
@@ -671,8 +677,12 @@ tp_status *tp_diskcache_put(tp_diskcache *c, const void *key, size_t keylen,
     } else {
       pthread_mutex_lock(&c->mu);
       c->stats.writes++;
-      c->stats.bytes_on_disk += fsize - old_size;
-      if (c->stats.bytes_on_disk > c->cap) scan_and_evict(c, name);
+      if (!c->scanned) { /* the first write measures the directory, this entry included */
+        scan_and_evict(c, name);
+      } else {
+        c->stats.bytes_on_disk += fsize - old_size;
+        if (c->stats.bytes_on_disk > c->cap) scan_and_evict(c, name);
+      }
       pthread_mutex_unlock(&c->mu);
     }
   }

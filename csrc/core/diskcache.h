@@ -42,10 +42,11 @@ typedef struct tp_diskcache tp_diskcache;
 #define TP_DISKCACHE_DEFAULT_CAP ((int64_t)2 << 30)
 
 /* Open (creating it, like mkdir -p, new directories mode 0700) the cache in
- * `dir` with a cap of `cap_bytes` (<= 0: TP_DISKCACHE_DEFAULT_CAP).  One
- * scan of the directory measures its size (evicting if it is already over
- * the cap) and removes temporary files left by crashed writers.  An
- * uncreatable or unwritable directory is an error naming the path. */
+ * `dir` with a cap of `cap_bytes` (<= 0: TP_DISKCACHE_DEFAULT_CAP).  At the
+ * first write or stats call, one scan of the directory measures its size
+ * (evicting if it is already over the cap) and removes temporary files left
+ * by crashed writers; opening does not scan.  An uncreatable or unwritable
+ * directory is an error naming the path. */
 tp_status *tp_diskcache_open(const char *dir, int64_t cap_bytes,
                              const char *version, tp_diskcache **out);
 void tp_diskcache_close(tp_diskcache *c); /* NULL is a no-op */

@@ -592,9 +592,10 @@ TEST(test_eviction) {
 
   c = open_cache(dir, cap, "v");
   if (!c) return;
+  CHECK(exists(stale)); /* opening does not scan the directory */
+  CHECK_EQ_INT(stats_of(c).bytes_on_disk, 0); /* the first stats call (or write) does */
   CHECK(!exists(stale));
   CHECK(exists(fresh));
-  CHECK_EQ_INT(stats_of(c).bytes_on_disk, 0);
 
   uint8_t blob[PAYLOAD];
   char key[16];
@@ -635,20 +636,33 @@ TEST(test_eviction) {
   CHECK_EQ_INT(count_entries(dir), n);
   tp_diskcache_close(c);
 
-  /* Reopening with a smaller cap evicts at open, least recent first: the
-   * last read (k000) and the one before it (k040) stay. */
+  /* Reopening with a smaller cap evicts at the first stats call (or
+   * write), least recent first: the last read (k000) and the one before it
+   * (k040) stay. */
   c = open_cache(dir, 3 * FILE_SIZE, "v");
   if (!c) return;
+  CHECK_EQ_INT(count_entries(dir), n);
+  int64_t measured = stats_of(c).bytes_on_disk;
   CHECK(count_entries(dir) <= 3);
   list_entries(dir, &bytes, NULL, 0);
   CHECK(bytes <= 3 * FILE_SIZE);
-  CHECK_EQ_INT(stats_of(c).bytes_on_disk, bytes);
+  CHECK_EQ_INT(measured, bytes);
   fill(blob, sizeof blob, 0);
   CHECK_EQ_INT(get_is(c, "k000", blob, sizeof blob), 1);
   fill(blob, sizeof blob, 40);
   CHECK_EQ_INT(get_is(c, "k040", blob, sizeof blob), 1);
   CHECK(exists(junk));
   CHECK(exists(fresh));
+  tp_diskcache_close(c);
+
+  /* A write as the first call measures what was there and itself. */
+  c = open_cache(dir, cap, "v");
+  if (!c) return;
+  fill(blob, sizeof blob, 7);
+  put_str(c, "k007", blob, sizeof blob);
+  list_entries(dir, &bytes, NULL, 0);
+  CHECK_EQ_INT(stats_of(c).bytes_on_disk, bytes);
+  CHECK(bytes > FILE_SIZE);
   tp_diskcache_close(c);
 }
 

@@ -916,6 +916,34 @@ def test_forked_child_gets_a_clear_error():
     torch.testing.assert_close((t + 1).cpu(), torch.arange(1.0, 5.0))
 
 
+def test_host_malloc_serves_large_buffers_from_the_heap():
+    """With the CPU plugin a 24 MiB buffer comes from the malloc heap, not
+    from fresh mmap'd pages (which made each large eager output page-fault);
+    TORCH_PJRT_HOST_MALLOC=default leaves glibc's settings alone."""
+    import subprocess
+    import sys
+
+    code = """
+import ctypes, torch, torch_pjrt
+class MI(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                               "fsmblks", "uordblks", "fordblks", "keepcost")]
+libc = ctypes.CDLL("libc.so.6")
+libc.mallinfo2.restype = MI
+h0 = libc.mallinfo2().hblks
+x = torch.full((6 << 20,), 1.0, device="tpu")
+torch.tpu.synchronize()
+print(libc.mallinfo2().hblks - h0, float(x[-1]))
+del x
+torch.tpu.empty_cache()
+"""
+    for mode, mapped in (("", "0"), ("default", "1")):
+        env = dict(__import__("os").environ, TORCH_PJRT_HOST_MALLOC=mode)
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+        assert r.returncode == 0, r.stderr[-2000:]
+        assert r.stdout.split() == [mapped, "1.0"], (mode, r.stdout)
+
+
 def test_memory_reserved_and_empty_cache():
     x = torch.zeros(1024, device="tpu")
     assert torch.tpu.memory_reserved() == torch.tpu.memory_allocated() >= 4096

@@ -265,7 +265,12 @@ max_memory_cached = max_memory_reserved
 
 
 def empty_cache() -> None:
-    """Nothing to release: freed buffers go back to the plugin at once."""
+    """Return freed memory kept for reuse to the system.  With the XLA CPU
+    plugin, device buffers are host memory, and torch-pjrt has the host
+    allocator keep up to 256 MiB of freed memory (fresh pages for every
+    large output cost more than the op; TORCH_PJRT_HOST_MALLOC=default turns
+    this off).  Other plugins free device buffers at once."""
+    _C.release_host_memory()
 
 
 def ipc_collect() -> None:

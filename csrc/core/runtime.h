@@ -25,6 +25,9 @@ typedef struct tp_runtime_config {
  * returns success).  On failure nothing is kept and a later call may try
  * again; the error names the plugin file. */
 tp_status *tp_runtime_init(const tp_runtime_config *cfg);
+/* Return freed host memory the allocator keeps for reuse to the system
+ * (torch.tpu.empty_cache(); see tune_host_malloc in runtime.c). */
+void tp_runtime_release_host_memory(void);
 /* The open plugin, or NULL before a successful tp_runtime_init. */
 tp_plugin *tp_runtime_plugin(void);
 /* Number of devices; 0 before tp_runtime_init succeeded. */

@@ -532,6 +532,13 @@ static PyObject *py_synchronize(PyObject *self, PyObject *a) {
   Py_RETURN_NONE;
 }
 
+static PyObject *py_release_host_memory(PyObject *self, PyObject *a) {
+  (void)self;
+  (void)a;
+  Py_BEGIN_ALLOW_THREADS tp_runtime_release_host_memory();
+  Py_END_ALLOW_THREADS Py_RETURN_NONE;
+}
+
 static PyObject *py_mem_stats(PyObject *self, PyObject *a) {
   (void)self;
   int d;
@@ -943,6 +950,8 @@ static PyMethodDef methods[] = {
     {"write_host", py_write_host, METH_VARARGS, "write_host(ref, ptr): copy dense host data into a view"},
     {"read_host", py_read_host, METH_VARARGS, "read_host(ref, ptr): copy a view into dense host memory"},
     {"synchronize", py_synchronize, METH_VARARGS, "synchronize(device): wait for pending work (-1: all)"},
+    {"release_host_memory", py_release_host_memory, METH_NOARGS,
+     "release_host_memory(): return freed host memory kept for reuse to the system"},
     {"mem_stats", py_mem_stats, METH_VARARGS, "mem_stats(device) -> (bytes_in_use, peak, live_buffers)"},
     {"reset_peak", py_reset_peak, METH_VARARGS, "reset_peak(device)"},
     {"set_mem_limit", py_set_mem_limit, METH_VARARGS, "set_mem_limit(device, bytes): -1 for none"},

@@ -400,8 +400,7 @@ struct tp_lower_ctx {
   int nargs;
   int nst, capst;
   tp_storage **st;
-  int *st_slot;       /* index + 1 of the storage hashed there, 0: empty; nslots > 2 * capst */
-  size_t nslots;      /* a power of two */
+  int *st_slot;       /* index + 1 of the storage hashed there, 0: empty; NSLOTS(c) of them */
   tp_dtype *st_dt;    /* dtype of the storage's buffer */
   int64_t *st_numel;
   tp_val *st_param;   /* flat parameter, -1 until used */
@@ -418,16 +417,18 @@ struct tp_lower_ctx {
   struct pending_check *checks;
 };
 
+#define NSLOTS(c) ((size_t)(c)->capst * 4) /* a power of two, > 2 * capst */
+
 static size_t st_hash(const tp_lower_ctx *c, const tp_storage *s) {
   uint64_t v = (uint64_t)(uintptr_t)s;
   v ^= v >> 17;
   v *= 0x9E3779B97F4A7C15ull;
-  return (size_t)(v >> 32) & (c->nslots - 1);
+  return (size_t)(v >> 32) & (NSLOTS(c) - 1);
 }
 
 static void st_slot_put(tp_lower_ctx *c, int i) {
   size_t h = st_hash(c, c->st[i]);
-  while (c->st_slot[h]) h = (h + 1) & (c->nslots - 1);
+  while (c->st_slot[h]) h = (h + 1) & (NSLOTS(c) - 1);
   c->st_slot[h] = i + 1;
 }
 
@@ -463,7 +464,6 @@ static int grow_tables(tp_lower_ctx *c) {
   if (!slots) return -1;
   free(c->st_slot);
   c->st_slot = slots;
-  c->nslots = (size_t)cap * 4;
   c->capst = cap;
   if (c->nst > ST_LINEAR)
     for (int j = 0; j < c->nst; j++) st_slot_put(c, j);
@@ -479,7 +479,7 @@ static int storage_index(tp_lower_ctx *c, tp_storage *s) {
     for (int i = 0; i < c->nst; i++)
       if (c->st[i] == s) return i;
   } else {
-    for (size_t h = st_hash(c, s); c->st_slot[h]; h = (h + 1) & (c->nslots - 1))
+    for (size_t h = st_hash(c, s); c->st_slot[h]; h = (h + 1) & (NSLOTS(c) - 1))
       if (c->st[c->st_slot[h] - 1] == s) return c->st_slot[h] - 1;
   }
   if (c->nst == c->capst && grow_tables(c) < 0) return -1;
@@ -501,7 +501,7 @@ static void clear_tables(tp_lower_ctx *c) {
   if (c->nst > ST_LINEAR) /* the op hashed its storages: clear just their slots */
     for (int j = 0; j < c->nst; j++) {
       size_t h = st_hash(c, c->st[j]);
-      while (c->st_slot[h] != j + 1) h = (h + 1) & (c->nslots - 1);
+      while (c->st_slot[h] != j + 1) h = (h + 1) & (NSLOTS(c) - 1);
       c->st_slot[h] = 0;
     }
   c->nst = 0;

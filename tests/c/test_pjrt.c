@@ -668,6 +668,22 @@ TEST(test_threads) {
   tp_exec_free(g_thread_exec);
 }
 
+/* e failed with a message containing `what`; frees e. */
+static void check_refused(tp_emit *e, const char *what) {
+  tp_status *st = em_take_error(e);
+  CHECK(st && strstr(tp_status_message(st), what));
+  tp_status_free(st);
+  em_free(e);
+}
+
+/* Run `ex` (one output) on device 0 and read its output into r. */
+static void run_f32(tp_exec *ex, tp_buffer **in, int nin, float *r, size_t bytes) {
+  tp_buffer *o[1] = {NULL};
+  CHECK_OK(tp_execute(ex, 0, in, nin, NULL, o, 1));
+  if (o[0]) CHECK_OK(tp_buffer_to_host(o[0], r, bytes));
+  tp_buffer_free(o[0]);
+}
+
 /* ---- emitter: structured while loop ----------------------------------------- */
 
 /* for (i = 0; i < 4; i++) acc = acc * 2 + x;  with x from outside the loop. */
@@ -689,12 +705,9 @@ TEST(test_emit_while) {
   tp_exec *ex = text ? compile(text) : NULL;
   if (ex) {
     tp_buffer *xb = make_f32(0, kA, k2x3, 2);
-    tp_buffer *o[1] = {NULL};
-    CHECK_OK(tp_execute(ex, 0, &xb, 1, NULL, o, 1));
     float r[6] = {0};
-    if (o[0]) CHECK_OK(tp_buffer_to_host(o[0], r, sizeof r));
+    run_f32(ex, &xb, 1, r, sizeof r);
     for (int i = 0; i < 6; i++) CHECK(r[i] == 16.0f + 15.0f * kA[i]);
-    tp_buffer_free(o[0]);
     tp_buffer_free(xb);
     tp_exec_free(ex);
   }
@@ -706,10 +719,7 @@ TEST(test_emit_while) {
   em_while_body(e2, &L2, em_compare(e2, "LT", c[0], em_const_i(e2, 4, TP_I64)), d);
   tp_val wrong = em_const(e2, 1.0, TP_F32);
   CHECK(em_while_end(e2, &L2, &wrong, o2) == -1);
-  tp_status *st = em_take_error(e2);
-  CHECK(st && strstr(tp_status_message(st), "changes type"));
-  tp_status_free(st);
-  em_free(e2);
+  check_refused(e2, "changes type");
   em_free(e);
 }
 
@@ -734,12 +744,9 @@ TEST(test_emit_case) {
   for (int32_t pick = 0; ex && pick < 4; pick++) {
     tp_buffer *in[2] = {make_f32(0, kA, k2x3, 2), NULL};
     CHECK_OK(tp_buffer_from_host(P, 0, TP_I32, NULL, 0, &pick, &in[1]));
-    tp_buffer *o[1] = {NULL};
-    CHECK_OK(tp_execute(ex, 0, in, 2, NULL, o, 1));
     float r[6] = {0};
-    if (o[0]) CHECK_OK(tp_buffer_to_host(o[0], r, sizeof r));
+    run_f32(ex, in, 2, r, sizeof r);
     for (int j = 0; j < 6; j++) CHECK(r[j] == (pick == 0 ? kA[j] + 1 : pick == 1 ? kA[j] * 2 : -kA[j]));
-    tp_buffer_free(o[0]);
     tp_buffer_free(in[0]);
     tp_buffer_free(in[1]);
   }
@@ -750,10 +757,7 @@ TEST(test_emit_case) {
   em_case_begin(e2, &C2, em_const_i(e2, 0, TP_I32), 2);
   em_case_next(e2, &C2, em_const(e2, 1.0, TP_F32));
   CHECK(em_case_next(e2, &C2, em_const(e2, 1.0, TP_F64)) == -1);
-  tp_status *st = em_take_error(e2);
-  CHECK(st && strstr(tp_status_message(st), "another type"));
-  tp_status_free(st);
-  em_free(e2);
+  check_refused(e2, "another type");
   em_free(e);
 }
 
@@ -782,12 +786,9 @@ TEST(test_emit_elementwise_on_reshapes) {
   tp_exec *ex = text ? compile(text) : NULL;
   if (ex) {
     tp_buffer *in[2] = {make_f32(0, kA, &six, 1), make_f32(0, kA, &six, 1)};
-    tp_buffer *o[1] = {NULL};
-    CHECK_OK(tp_execute(ex, 0, in, 2, NULL, o, 1));
     float r[6] = {0};
-    if (o[0]) CHECK_OK(tp_buffer_to_host(o[0], r, sizeof r));
+    run_f32(ex, in, 2, r, sizeof r);
     for (int j = 0; j < 6; j++) CHECK(r[j] == (4 * kA[j] > 10 ? 4 * kA[j] : -4 * kA[j]));
-    tp_buffer_free(o[0]);
     tp_buffer_free(in[0]);
     tp_buffer_free(in[1]);
     tp_exec_free(ex);
@@ -823,12 +824,9 @@ TEST(test_emit_dyn_slice) {
   tp_exec *ex = text ? compile(text) : NULL;
   if (ex) {
     tp_buffer *xb = make_f32(0, kA, k2x3, 2);
-    tp_buffer *o[1] = {NULL};
-    CHECK_OK(tp_execute(ex, 0, &xb, 1, NULL, o, 1));
     float r[6] = {0};
-    if (o[0]) CHECK_OK(tp_buffer_to_host(o[0], r, sizeof r));
+    run_f32(ex, &xb, 1, r, sizeof r);
     for (int i = 0; i < 6; i++) CHECK(r[i] == kA[3 + i % 3]);
-    tp_buffer_free(o[0]);
     tp_buffer_free(xb);
     tp_exec_free(ex);
   }

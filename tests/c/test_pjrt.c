@@ -805,6 +805,47 @@ TEST(test_emit_elementwise_on_reshapes) {
   em_free(e2);
 }
 
+/* ---- emitter: column reductions ---------------------------------------------- */
+
+/* Sums and maxima over the leading dims of [R1, R2, 3] (R = 1100 rows: windows
+ * of 32, the last padded, three levels) and of [5, 3] (one window), against
+ * the loops; small integers, so the sums are exact. */
+TEST(test_emit_column_reduction) {
+  const int64_t shapes[2][3] = {{50, 22, 3}, {5, 3, 0}};
+  for (int k = 0; k < 2; k++) {
+    const int rank = shapes[k][2] ? 3 : 2, nred = rank - 1;
+    const int64_t rows = rank == 3 ? shapes[k][0] * shapes[k][1] : shapes[k][0], n = rows * 3;
+    float *x = malloc((size_t)n * sizeof *x);
+    for (int64_t i = 0; i < n; i++) x[i] = (float)((i * 7919) % 13) - 6.0f;
+    const char *ops[2] = {"stablehlo.add", "stablehlo.maximum"};
+    for (int o = 0; o < 2; o++) {
+      tp_emit *e = em_new();
+      tp_type t = tp_type_make(TP_F32, rank, shapes[k]);
+      tp_val p = em_param(e, &t);
+      const int64_t dims[2] = {0, 1};
+      tp_val r = em_reduce(e, p, em_const(e, o ? -INFINITY : 0.0, TP_F32), dims, nred, ops[o]);
+      CHECK(em_type(e, r)->rank == 1 && em_type(e, r)->dims[0] == 3);
+      const char *text = em_finish(e, &r, 1);
+      CHECK(text != NULL && strstr(text, "stablehlo.reduce_window") && !strstr(text, "\"stablehlo.reduce\""));
+      tp_exec *ex = text ? compile(text) : NULL;
+      if (ex) {
+        tp_buffer *in = make_f32(0, x, shapes[k], rank);
+        float got[3] = {0};
+        run_f32(ex, &in, 1, got, sizeof got);
+        for (int c = 0; c < 3; c++) {
+          float want = o ? -INFINITY : 0.0f;
+          for (int64_t i = 0; i < rows; i++) want = o ? fmaxf(want, x[i * 3 + c]) : want + x[i * 3 + c];
+          CHECK(got[c] == want);
+        }
+        tp_buffer_free(in);
+        tp_exec_free(ex);
+      }
+      em_free(e);
+    }
+    free(x);
+  }
+}
+
 /* ---- emitter: runtime-indexed slices ----------------------------------------- */
 
 /* row = x[i:i+1, :] at a runtime i = 1; out = x with row 0 replaced by it. */
@@ -904,6 +945,7 @@ int main(void) {
   RUN(test_emit_while);
   RUN(test_emit_case);
   RUN(test_emit_elementwise_on_reshapes);
+  RUN(test_emit_column_reduction);
   RUN(test_emit_dyn_slice);
   RUN(test_emit_refuses_operand_dtypes);
   tp_plugin_destroy(P);

@@ -93,6 +93,42 @@ def test_reductions_over_long_dims(shape, dim):
     check(lambda t: t.sum(dim), randint(*shape))
 
 
+# Column reductions (the leading dims reduced, the trailing kept: a bias
+# gradient) reduce by windows of 32 rows, the last padded (emit.c,
+# column_reduce): row counts of one window, of a padded one, of 1100 (three
+# levels), a kept dim of one; eager, and compiled after an elementwise
+# producer (GELU's backward into the bias gradient of a Linear).
+@pytest.mark.parametrize("shape,dims", [((5, 3), 0), ((37, 4), 0), ((50, 22, 3), (0, 1)), ((1100, 1), 0),
+                                        ((2, 3, 4, 5), (0, 1))])
+def test_column_reductions(shape, dims):
+    x = randn(*shape, grad=True) + 0.5
+    check(lambda t: t.sum(dims), x, grad=True)
+    check(lambda t: t.mean(dims, keepdim=True), x, grad=True)
+    check(lambda t: t.amax(dims), x, grad=True)
+    check(lambda t: t.var(dims), x, grad=True, rtol=1e-4, atol=1e-5)
+    check(lambda t: (t.abs() * 0.02 + 0.99).prod(0), x.detach(), rtol=1e-5, atol=1e-6)
+    check(lambda t: (t > 1).any(0), x.detach())
+    check(lambda t: t.sum(dims), randint(*shape))
+    check(lambda t: t.to(torch.bfloat16).sum(dims), x.detach())
+
+
+def test_compiled_bias_gradient_matches_cpu():
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(24, 40)
+    x = torch.randn(3, 37, 24)
+
+    def loss(m, x):
+        return (F.gelu(m(x)) * torch.linspace(-1, 1, 40, device=x.device)).sum()
+
+    loss(lin, x).backward()
+    tl = torch.nn.Linear(24, 40).to("tpu")
+    tl.load_state_dict(lin.state_dict())
+    with all_graphs_lowered():
+        torch.compile(loss, backend="tpu")(tl, x.to("tpu")).backward()
+    assert_close(tl.bias.grad, lin.bias.grad, rtol=1e-5, atol=1e-5)
+    assert_close(tl.weight.grad, lin.weight.grad, rtol=1e-5, atol=1e-5)
+
+
 def test_sum_dtypes():
     check(lambda t: t.sum(), randint(4, 5))
     check(lambda t: t.sum(1), randint(4, 5, dtype=torch.int32))  # int32 sums in int64

@@ -62,6 +62,7 @@ struct tp_emit {
   sbuf module;
   tp_status *err;
   const char *op; /* the op being lowered (em_set_op), for messages */
+  int cpu_codegen; /* em_set_cpu_codegen */
 };
 
 int64_t tp_type_numel(const tp_type *t) {
@@ -145,6 +146,8 @@ const tp_type *em_type(const tp_emit *e, tp_val v) {
   if (v < 0 || v >= e->nvals) return &bad;
   return &e->types[v];
 }
+
+void em_set_cpu_codegen(tp_emit *e, int on) { e->cpu_codegen = on; }
 
 const char *em_set_op(tp_emit *e, const char *op) {
   const char *old = e->op;
@@ -772,7 +775,8 @@ static tp_val emit_reduce_op(tp_emit *e, const char *op, tp_val x, tp_val init, 
  * reducing (measured: [512, 256] after GELU's backward, 150 us fused against
  * 50 us; [4096, 1024] 12.3 ms against 2.2 ms).  XLA does not fuse producers
  * into a reduce-window, and, unlike a reduce, does not fold the reshape to
- * [R, C] back into the producers' shape. */
+ * [R, C] back into the producers' shape.  Only for XLA:CPU (cpu_codegen):
+ * other backends' reduction emitters tile column reductions themselves. */
 static tp_val column_reduce(tp_emit *e, tp_val x, tp_val init, const char *body_op, const tp_type *in,
                             int nreduced) {
   int64_t rc[2] = {1, 1};
@@ -798,7 +802,7 @@ tp_val em_reduce(tp_emit *e, tp_val x, tp_val init, const int64_t *dims_in, int 
   int ndims;
   if (ndims_in > TP_MAX_RANK) return em_fail(e, TP_INVALID_ARGUMENT, "reduce: too many dimensions");
   const tp_type in = e->types[x];
-  if (is_column_reduction(&in, dims_in, ndims_in) && tp_type_numel(&in) > 0)
+  if (e->cpu_codegen && is_column_reduction(&in, dims_in, ndims_in) && tp_type_numel(&in) > 0)
     return column_reduce(e, x, init, body_op, &in, ndims_in);
   x = split_reduced_dims(e, x, dims_in, ndims_in, body_op, dims, &ndims);
   if (bad(e, x)) return -1;

@@ -94,6 +94,11 @@ tp_val em_update_slice(tp_emit *e, tp_val x, tp_val upd, const int64_t *start);
 tp_val em_dyn_slice(tp_emit *e, tp_val x, const tp_val *start, const int64_t *sizes);
 tp_val em_dyn_update_slice(tp_emit *e, tp_val x, tp_val upd, const tp_val *start);
 
+/* The program will run on XLA:CPU: pick the forms its code generator runs
+ * well where they differ from the plain ones (column reductions, em_reduce).
+ * Off by default. */
+void em_set_cpu_codegen(tp_emit *e, int on);
+
 /* ---- elementwise ------------------------------------------------------------ */
 /* Names the op being lowered in the emitter's messages; returns the previous one. */
 const char *em_set_op(tp_emit *e, const char *op);

@@ -36,6 +36,10 @@ const char *tp_type_str(const tp_type *t, char *buf, size_t cap);
 
 tp_emit *em_new(void);
 void em_free(tp_emit *e);
+/* The program will run on XLA:CPU: pick the forms its code generator runs
+ * well where they differ from the plain ones (column reductions, em_reduce).
+ * Off by default. */
+void em_set_cpu_codegen(tp_emit *e, int on);
 
 /* Record an error (first one wins); returns -1 so rules can `return em_fail(...)`. */
 tp_val em_fail(tp_emit *e, tp_code code, const char *fmt, ...)
@@ -93,11 +97,6 @@ tp_val em_update_slice(tp_emit *e, tp_val x, tp_val upd, const int64_t *start);
  * rank-0 integer value per dim of x (XLA clamps starts so the slice fits). */
 tp_val em_dyn_slice(tp_emit *e, tp_val x, const tp_val *start, const int64_t *sizes);
 tp_val em_dyn_update_slice(tp_emit *e, tp_val x, tp_val upd, const tp_val *start);
-
-/* The program will run on XLA:CPU: pick the forms its code generator runs
- * well where they differ from the plain ones (column reductions, em_reduce).
- * Off by default. */
-void em_set_cpu_codegen(tp_emit *e, int on);
 
 /* ---- elementwise ------------------------------------------------------------ */
 /* Names the op being lowered in the emitter's messages; returns the previous one. */

@@ -178,6 +178,51 @@ def test_compiled_graph_checks_indices():
         r.item()
 
 
+
+def test_compiled_graph_reports_its_first_failing_check():
+    """A graph's checks are combined into one flag update: the first failing
+    one in graph order reports, with its first offending index."""
+    def f(x, i, j, k):
+        return x[i].sum() + x[j].sum() + x[:, k].sum()
+
+    cf = torch.compile(f, backend="tpu")
+    x = X.to("tpu")
+
+    def call(i, j, k):
+        return cf(x, *(torch.tensor(v, device="tpu") for v in (i, j, k)))
+
+    ok = ([0, 4], [1, 2, 0], [2, 0, 1])
+    assert call(*ok).item() == f(X, *map(torch.tensor, ok)).item()
+    for (i, j, k), msg in [(([0, 4], [1, 9, 8], [5, 0, 0]), "index 9 is out of bounds for dimension 0 with size 5"),
+                           (([0, 4], [1, -6, 0], [0, 0, 0]), "index -6 is out of bounds for dimension 0 with size 5"),
+                           (([0, 4], [1, 2, 0], [0, 3, 7]), "index 3 is out of bounds for dimension 1 with size 3"),
+                           (([5, 0], [1, 0, 0], [-4, 0, 0]), "index 5 is out of bounds for dimension 0 with size 5")]:
+        r = call(i, j, k)
+        with pytest.raises(IndexError) as ei:
+            r.item()
+        assert msg in str(ei.value), (i, j, k, str(ei.value))
+    torch.tpu.synchronize()
+
+
+def test_many_checks_in_one_graph():
+    """Hundreds of gathers in one graph (a loop unrolled, as in RAFT's
+    correlation lookups) compile into one check: the result and the report
+    of the one bad index among them are right."""
+    def f(x, idx):
+        acc = x.new_zeros(idx.shape[0], x.shape[1])
+        for k in range(150):
+            acc = acc + x[idx + k]
+        return acc
+
+    cf = torch.compile(f, backend="tpu")
+    w = torch.randn(200, 4)
+    idx = torch.tensor([0, 3, 7, 49])
+    torch.testing.assert_close(cf(w.to("tpu"), idx.to("tpu")).cpu(), f(w, idx))
+    r = cf(w.to("tpu"), torch.tensor([0, 3, 7, 51], device="tpu"))  # idx + 149 = 200 first at k = 149
+    with pytest.raises(IndexError, match="index 200 is out of bounds for dimension 0 with size 200"):
+        r.cpu()
+
+
 SCRIPT = r"""
 import os, torch, torch_pjrt
 x = torch.arange(15.0).reshape(5, 3).to("tpu")

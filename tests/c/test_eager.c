@@ -306,6 +306,34 @@ TEST(test_index_check) {
   if (s) CHECK_CONTAINS(tp_status_message(s), "index -1 is out of bounds for dimension 0 with size 3");
   tp_status_free(s);
   CHECK_OK(tp_eager_synchronize(-1));
+  /* x[i, j]: two checks in one program; the first failing one reports */
+  tp_storage *js = tp_storage_new(0, 2 * sizeof(int64_t));
+  tp_tensor_ref jx = ref(js, 1, &two, &one, 0), io = ref(out, 1, &two, &one, 0);
+  jx.dt = TP_I64;
+  const tp_tensor_ref *ij[2] = {&ix, &jx};
+  tp_eager_arg iargs[2] = {tensor_arg(&x), {.a = {.kind = TP_ARG_TENSORS, .n = 2}, .ts = ij}};
+  const struct {
+    int64_t i[2], j[2];
+    const char *msg;
+  } cases[] = {{{2, 0}, {1, 9}, "index 9 is out of bounds for dimension 1 with size 4"},
+               {{5, 0}, {7, 0}, "index 5 is out of bounds for dimension 0 with size 3"},
+               {{0, 1}, {3, -5}, "index -5 is out of bounds for dimension 1 with size 4"}};
+  CHECK_OK(tp_eager_write_host(&ix, good));
+  CHECK_OK(tp_eager_write_host(&jx, (int64_t[2]){3, 1}));
+  CHECK_OK(tp_eager_run("aten::index.Tensor", iargs, 2, NULL, &io, 1));
+  CHECK_OK(tp_eager_read_host(&io, got));
+  CHECK(got[0] == 11 && got[1] == 1);
+  for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+    CHECK_OK(tp_eager_write_host(&ix, cases[c].i));
+    CHECK_OK(tp_eager_write_host(&jx, cases[c].j));
+    CHECK_OK(tp_eager_run("aten::index.Tensor", iargs, 2, NULL, &io, 1));
+    s = tp_eager_synchronize(-1);
+    CHECK(s != NULL);
+    if (s) CHECK_CONTAINS(tp_status_message(s), cases[c].msg);
+    tp_status_free(s);
+  }
+  CHECK_OK(tp_eager_synchronize(-1));
+  tp_storage_free(js);
   tp_storage_free(a);
   tp_storage_free(is);
   tp_storage_free(out);

@@ -577,9 +577,8 @@ static tp_val cb_rng_key(tp_emit *e, const tp_node *n) {
  * of this is guarded by tp_storage_lock(). */
 
 typedef struct pending_check {
-  tp_val v;    /* the indices, flat i64 */
-  tp_val bad;  /* i1 of v's shape: this index is out of range */
-  int64_t nel; /* v's length */
+  tp_val bad;   /* i1 rank 0: some index is out of range */
+  tp_val value; /* i64 rank 0: the first offending index */
   tp_code code;
   char msg[512];
 } pending_check;
@@ -611,16 +610,23 @@ static void cb_check(tp_emit *e, const tp_node *n, tp_val idx, int64_t lo, int64
     c->checks = np;
     c->capchecks = nc;
   }
-  /* flat i64 indices; emit_flag_update finds the first offending one */
+  /* flat i64 indices; the first offending one (row-major), as PyTorch's
+   * host-side checks report */
   tp_val v = em_convert(e, idx, TP_I64);
-  int64_t nel = tp_type_numel(em_type(e, v));
+  int64_t nel = tp_type_numel(em_type(e, v)), zero = 0;
   v = em_reshape(e, v, 1, &nel);
+  tp_type t = tp_type_make(TP_I64, 1, &nel);
   tp_val bad = em_binary(e, "stablehlo.or", em_compare(e, "LT", v, em_bcast_to(e, em_const_i(e, lo, TP_I64), 1, &nel)),
                          em_compare(e, "GE", v, em_bcast_to(e, em_const_i(e, hi, TP_I64), 1, &nel)));
+  tp_val first = em_reduce(e, em_select(e, bad, em_iota(e, &t, 0), em_full(e, (double)nel, &t)),
+                           em_const_i(e, nel, TP_I64), &zero, 1, "stablehlo.minimum");
+  bad = em_compare(e, "LT", first, em_const_i(e, nel, TP_I64));
+  tp_val at = em_binary(e, "stablehlo.minimum", first, em_const_i(e, nel - 1, TP_I64));
+  int64_t one = 1;
+  tp_val value = em_reshape(e, em_dyn_slice(e, v, &at, &one), 0, NULL);
   pending_check *pc = &c->checks[c->nchecks++];
-  pc->v = v;
   pc->bad = bad;
-  pc->nel = nel;
+  pc->value = value;
   pc->code = code;
   snprintf(pc->msg, sizeof pc->msg, "%s", msg);
 }
@@ -705,39 +711,28 @@ static tp_status *emit_flag_update(tp_plugin *p, tp_emit *e, tp_lower_ctx *c, co
   if (push_param(c, SRC_CHECK, 0, TP_I64) < 0) return tp_error(TP_RESOURCE_EXHAUSTED, "out of host memory");
   tp_type t0 = tp_type_make(TP_I64, 0, NULL);
   tp_val vbase = em_param(e, &t0);
-  /* The first offending index of the first failing check (row-major, as
-   * PyTorch's host-side checks report it), over all checks at once: their
-   * flags and indices concatenated, one min-reduce of the positions of the
-   * bad ones.  One reduce per check, combined by a chain of selects, made
-   * several kernels per check and one whose code generation grew
-   * superlinearly (400 gathers in a graph: 110 s of compiling). */
+  /* The first failing check and its first offending index, found as vectors
+   * over the checks: the check's number is the min of (bad ? k : K), its
+   * value read at that number.  A chain of selects, one per check, became
+   * one kernel whose code generation grew superlinearly (400 gathers in a
+   * graph: 112 s of compiling, 17 s this way).  Each check keeps its own
+   * reduce over its indices: concatenating all indices first compiles no
+   * faster and writes them all out again at every run. */
   int K = c->nchecks;
-  int64_t total = 0, one = 1, z = 0, lim1 = 1, lim2 = 2;
-  tp_val *parts = malloc(sizeof(tp_val) * 3 * (size_t)K), *vs = parts + K, *offs = vs + K;
-  if (!parts) return tp_error(TP_RESOURCE_EXHAUSTED, "out of host memory");
+  int64_t one = 1, z = 0, lim1 = 1, lim2 = 2;
+  tp_val *keys = malloc(sizeof(tp_val) * 2 * (size_t)K), *vals = keys + K;
+  if (!keys) return tp_error(TP_RESOURCE_EXHAUSTED, "out of host memory");
+  tp_val none = em_const_i(e, K, TP_I64), zero = em_const_i(e, 0, TP_I64);
   for (int k = 0; k < K; k++) {
-    parts[k] = c->checks[k].bad;
-    vs[k] = c->checks[k].v;
-    offs[k] = em_reshape(e, em_const_i(e, total, TP_I64), 1, &one);
-    total += c->checks[k].nel;
+    keys[k] = em_reshape(e, em_select(e, c->checks[k].bad, em_const_i(e, k, TP_I64), none), 1, &one);
+    vals[k] = em_reshape(e, c->checks[k].value, 1, &one);
   }
-  tp_type tt = tp_type_make(TP_I64, 1, &total);
-  tp_val none = em_const_i(e, total, TP_I64), zero = em_const_i(e, 0, TP_I64);
-  tp_val pos = em_select(e, em_concat(e, parts, K, 0), em_iota(e, &tt, 0), em_full(e, (double)total, &tt));
-  tp_val first = em_reduce(e, pos, none, &z, 1, "stablehlo.minimum");
+  tp_val first = em_reduce(e, em_concat(e, keys, K, 0), none, &z, 1, "stablehlo.minimum");
+  tp_val at = em_binary(e, "stablehlo.minimum", first, em_const_i(e, K - 1, TP_I64));
   tp_val failed = em_compare(e, "LT", first, none);
-  tp_val at = em_binary(e, "stablehlo.minimum", first, em_const_i(e, total - 1, TP_I64));
-  tp_val value = em_select(e, failed, em_reshape(e, em_dyn_slice(e, em_concat(e, vs, K, 0), &at, &one), 0, NULL), zero);
-  /* the failing check: the last whose indices start at or before `first` */
-  tp_val k = zero;
-  if (K > 1) {
-    int64_t nk = K;
-    tp_val starts = em_concat(e, offs, K, 0);
-    tp_val le = em_convert(e, em_compare(e, "LE", starts, em_bcast_to(e, first, 1, &nk)), TP_I64);
-    k = em_binary(e, "stablehlo.subtract", em_reduce(e, le, zero, &z, 1, "stablehlo.add"), em_const_i(e, 1, TP_I64));
-  }
-  free(parts);
-  tp_val code = em_select(e, failed, em_binary(e, "stablehlo.add", vbase, k), zero);
+  tp_val code = em_select(e, failed, em_binary(e, "stablehlo.add", vbase, first), zero);
+  tp_val value = em_select(e, failed, em_reshape(e, em_dyn_slice(e, em_concat(e, vals, K, 0), &at, &one), 0, NULL), zero);
+  free(keys);
   tp_val prev = em_reshape(e, em_slice(e, old, &z, &lim1, NULL), 0, NULL);
   tp_val prev_value = em_reshape(e, em_slice(e, old, &one, &lim2, NULL), 0, NULL);
   tp_val keep = em_compare(e, "NE", prev, em_const_i(e, 0, TP_I64));

@@ -178,7 +178,6 @@ def test_compiled_graph_checks_indices():
         r.item()
 
 
-
 def test_compiled_graph_reports_its_first_failing_check():
     """A graph's checks are combined into one flag update: the first failing
     one in graph order reports, with its first offending index."""
@@ -205,9 +204,9 @@ def test_compiled_graph_reports_its_first_failing_check():
 
 
 def test_many_checks_in_one_graph():
-    """Hundreds of gathers in one graph (a loop unrolled, as in RAFT's
-    correlation lookups) compile into one check: the result and the report
-    of the one bad index among them are right."""
+    """150 gathers in one graph (a loop unrolled, as in RAFT's correlation
+    lookups), their checks combined in one flag update: the result, and the
+    report of the one bad index among them, are right."""
     def f(x, idx):
         acc = x.new_zeros(idx.shape[0], x.shape[1])
         for k in range(150):

@@ -715,9 +715,10 @@ static tp_status *emit_flag_update(tp_plugin *p, tp_emit *e, tp_lower_ctx *c, co
    * over the checks: the check's number is the min of (bad ? k : K), its
    * value read at that number.  A chain of selects, one per check, became
    * one kernel whose code generation grew superlinearly (400 gathers in a
-   * graph: 112 s of compiling, 17 s this way).  Each check keeps its own
-   * reduce over its indices: concatenating all indices first compiles no
-   * faster and writes them all out again at every run. */
+   * graph: 112 s of compiling, 15-20 s this way).  Each check keeps its own
+   * reduce over its indices: concatenating all indices before one reduce
+   * saves those reduces' compile time but writes every index out again at
+   * each run (docs/architecture.md, "Index checks"). */
   int K = c->nchecks;
   int64_t one = 1, z = 0, lim1 = 1, lim2 = 2;
   tp_val *keys = malloc(sizeof(tp_val) * 2 * (size_t)K), *vals = keys + K;

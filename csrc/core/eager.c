@@ -1302,7 +1302,7 @@ static tp_status *build_entry(tp_plugin *p, tp_lower_ctx *c, const char *op, tp_
     st = tp_error(TP_RESOURCE_EXHAUSTED, "out of host memory building %s", op);
     goto done;
   }
-  em_set_cpu_codegen(e, strcmp(tp_plugin_platform(p), "cpu") == 0);
+  em_set_cpu_codegen(e, tp_plugin_is_cpu(p));
   en->check_storage = -1;
   for (int i = 0; i < nargs; i++) {
     la[i] = args[i].a;

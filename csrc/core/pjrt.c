@@ -373,7 +373,7 @@ static tp_status *create_configured_client(tp_plugin *p,
                                            const tp_plugin_options *opts) {
   TP_RETURN_IF_ERROR(create_client(p->api, NULL, 0, &p->client));
   TP_RETURN_IF_ERROR(read_platform(p));
-  if (strcmp(p->platform, "cpu") != 0) return NULL;
+  if (!tp_plugin_is_cpu(p)) return NULL;
 
   int64_t want = opts && opts->cpu_device_count > 0 ? opts->cpu_device_count : 1;
   size_t have = 0;
@@ -509,6 +509,9 @@ int tp_plugin_device_count(const tp_plugin *p) { return p ? p->num_devices : 0; 
 const char *tp_plugin_path(const tp_plugin *p) { return p ? p->path : ""; }
 const char *tp_plugin_platform(const tp_plugin *p) {
   return p && p->platform ? p->platform : "";
+}
+bool tp_plugin_is_cpu(const tp_plugin *p) {
+  return strcmp(tp_plugin_platform(p), "cpu") == 0;
 }
 const char *tp_plugin_xla_version(const tp_plugin *p) {
   return p ? p->xla_version : "";

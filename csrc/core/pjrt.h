@@ -8,6 +8,7 @@
 #ifndef TP_PJRT_H
 #define TP_PJRT_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -44,6 +45,9 @@ void tp_plugin_destroy(tp_plugin *p);
 int tp_plugin_device_count(const tp_plugin *p);       /* addressable devices */
 const char *tp_plugin_path(const tp_plugin *p);
 const char *tp_plugin_platform(const tp_plugin *p);   /* e.g. "cpu", "tpu" */
+/* Whether the plugin is XLA's CPU plugin (platform "cpu"): the one place
+ * that decides the CPU-only settings (client options, host malloc, codegen). */
+bool tp_plugin_is_cpu(const tp_plugin *p);
 const char *tp_plugin_xla_version(const tp_plugin *p); /* "" if unknown */
 /* "major.minor" of the plugin's PJRT C API. */
 const char *tp_plugin_api_version(const tp_plugin *p);

@@ -32,7 +32,7 @@ static int64_t *g_capacity;     /* [g_ndev] bytes */
 static void tune_host_malloc(const tp_plugin *p) {
 #ifdef __GLIBC__
   const char *mode = getenv("TORCH_PJRT_HOST_MALLOC");
-  if ((mode && strcmp(mode, "default") == 0) || strcmp(tp_plugin_platform(p), "cpu") != 0) return;
+  if ((mode && strcmp(mode, "default") == 0) || !tp_plugin_is_cpu(p)) return;
   if (getenv("MALLOC_MMAP_THRESHOLD_") || getenv("MALLOC_TRIM_THRESHOLD_") || getenv("GLIBC_TUNABLES")) return;
   mallopt(M_MMAP_THRESHOLD, 32 << 20);
   mallopt(M_TRIM_THRESHOLD, 256 << 20);

@@ -23,7 +23,7 @@ from torch._functorch._aot_autograd.descriptors import SavedForBackwardsAOTOutpu
 from torch._prims import rng_prims as _rng_prims
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from . import _C, _composite
+from . import _C, _attention, _composite
 from ._dispatch import _LU_OF_TRANSPOSE, _NUMBER_TYPES, _factors_transpose, _is_view, _qualname
 from ._dtypes import CODE
 
@@ -1453,7 +1453,7 @@ def _decompositions():
     # The kernels PyTorch has only for CPU/CUDA, written in ATen ops for eager
     # mode, decompose graphs the same way (the MultiheadAttention fast path
     # that a model in eval mode traces, fused optimizers, ...).
-    for name, fn in _composite.KERNELS.items():
+    for name, fn in {**_composite.KERNELS, **_attention.KERNELS}.items():
         ns, rest = name.split("::")
         base, _, ovl = rest.partition(".")
         table[getattr(getattr(getattr(torch.ops, ns), base), ovl or "default")] = fn

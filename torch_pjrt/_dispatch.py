@@ -19,7 +19,7 @@ import threading
 import torch
 from torch.utils._pytree import tree_map
 
-from . import _C, _composite
+from . import _C, _attention, _composite
 from ._dtypes import CODE
 
 _fallback_lib = None
@@ -1413,12 +1413,6 @@ def _is_set_to(a, b):
     )
 
 
-def _fused_sdp_choice(*args, **kwargs):
-    # scaled_dot_product_attention: use PyTorch's math implementation, which
-    # decomposes into matmul/softmax ops that we lower (SDPBackend.MATH == 0).
-    return 0
-
-
 def _cholesky(self, upper=False):
     # The deprecated torch.cholesky raises on a non positive-definite input.
     L, info = torch.ops.aten.linalg_cholesky_ex.default(self, upper=upper)
@@ -1430,7 +1424,7 @@ _SPECIAL = {
     **_composite.KERNELS,
     **_HOST_SAMPLERS,
     "aten::cholesky": _cholesky,
-    "aten::_fused_sdp_choice": _fused_sdp_choice,
+    **_attention.KERNELS,
     "aten::_copy_from": _copy_from,
     "aten::_copy_from_and_resize": _copy_from_and_resize,
     "aten::_local_scalar_dense": _local_scalar_dense,
@@ -1484,6 +1478,11 @@ def install():
     # that has only CPU/CUDA kernels (an internal assert for tpu): _composite's.
     for name in ("kaiser_window", "kaiser_window.periodic", "kaiser_window.beta"):
         impl.impl(name, _composite.KERNELS["aten::kaiser_window.beta"], "PrivateUse1")
+    # The fused SDPA backend's ops have a default kernel that raises (one
+    # meant for backends to override): _attention's.
+    for name in ("_scaled_dot_product_fused_attention_overrideable",
+                 "_scaled_dot_product_fused_attention_overrideable_backward"):
+        impl.impl(name, _attention.KERNELS["aten::" + name], "PrivateUse1")
     # copy_ hands a conjugate/negative view to _copy_from unresolved; the
     # generic Conjugate/Negative fallback would resolve it with clone, which
     # copies through _copy_from again, without end (a stack overflow, as in

@@ -2297,7 +2297,207 @@ static void r_weight_norm_backward(tp_emit *e, const tp_node *n, tp_val *o) {
   o[1] = as_out(e, n, 1, grad_g);
 }
 
+/* ---- fused attention (scaled_dot_product_attention) ----------------------------------------- */
+
+/* tp::sdpa(q, k, v, bias?, is_causal, scale?) -> (out, lse) and
+ * tp::sdpa_backward(grad_out, q, k, v, bias?, is_causal, scale?, bias_grad)
+ * -> (dq, dk, dv, dbias): the kernels behind SDPA's overrideable backend
+ * (torch_pjrt/_attention.py; which calls take it: csrc/glue/kernels.cpp).
+ * One program each, where PyTorch's math backend is about ten eager ops.
+ * q is [*B, Hq, L, E], k [*B, Hk, S, E], v [*B, Hk, S, Ev] with Hk dividing
+ * Hq (grouped-query attention: query head h reads kv head h / (Hq / Hk)).
+ * The scores run in opmath, as the CPU's flash kernel accumulates: s =
+ * q k^T * scale, plus the float bias (or -inf where a bool bias is false,
+ * or above the diagonal with is_causal, tril's top-left alignment); out =
+ * softmax(s) v, lse = logsumexp(s) per row.  A row with every score -inf
+ * attends to nothing and gives zeros (the CPU's flash and _safe_softmax
+ * do the same); its lse is -inf.  The backward recomputes p = softmax(s)
+ * as the forward did (flash attention's trade: no [L, S] tensor saved; not
+ * from lse, whose rounding exp(s - lse) would scale by |s|) and returns
+ * dv = p^T dO, ds = p * (dO v^T - rowsum(p * dO v^T)), dq = ds k * scale,
+ * dk = ds^T q * scale, and dbias = ds summed to the bias's shape.
+ * Internally the heads are split [*B, Hk, g, ...] with g = Hq / Hk, so k
+ * and v are never repeated. */
+typedef struct sdpa_dims {
+  int nb;                         /* leading batch dims (*B) */
+  int64_t hk, g, l, s, ed, ev;    /* kv heads, group, query len, key len, head dims */
+  tp_type st;                     /* scores: [*B, Hk, g, L, S] in opmath */
+  tp_dtype ct;
+  double scale;
+  int a_bias, a_causal; /* argument numbers of bias and is_causal */
+} sdpa_dims;
+
+/* The dims of q, k, v; a_bias, a_causal, a_scale: argument numbers. */
+static int sdpa_shape(tp_emit *e, const tp_node *n, tp_val q, tp_val k, tp_val v, int a_bias, int a_causal,
+                      int a_scale, sdpa_dims *d) {
+  const tp_type *qt = em_type(e, q);
+  tp_type tq = *qt, tk = *em_type(e, k), tv = *em_type(e, v);
+  int r = tq.rank;
+  int ok = r >= 3 && r + 1 <= TP_MAX_RANK && tk.rank == r && tv.rank == r;
+  for (int i = 0; ok && i < r - 3; i++) ok = tk.dims[i] == tq.dims[i] && tv.dims[i] == tq.dims[i];
+  int64_t hq = ok ? tq.dims[r - 3] : 0;
+  ok = ok && tk.dims[r - 3] > 0 && hq % tk.dims[r - 3] == 0 && tv.dims[r - 3] == tk.dims[r - 3] &&
+       tk.dims[r - 1] == tq.dims[r - 1] && tv.dims[r - 2] == tk.dims[r - 2];
+  if (!ok) {
+    em_fail(e, TP_INVALID_ARGUMENT, "%s: query, key and value must be [*, H, L, E], [*, Hk, S, E], [*, Hk, S, Ev] "
+            "with Hk dividing H", n->op);
+    return 0;
+  }
+  d->nb = r - 3;
+  d->hk = tk.dims[r - 3];
+  d->g = hq / d->hk;
+  d->l = tq.dims[r - 2];
+  d->s = tk.dims[r - 2];
+  d->ed = tq.dims[r - 1];
+  d->ev = tv.dims[r - 1];
+  d->ct = lw_opmath(tq.dt);
+  int64_t sd[TP_MAX_RANK];
+  for (int i = 0; i < d->nb; i++) sd[i] = tq.dims[i];
+  sd[d->nb] = d->hk, sd[d->nb + 1] = d->g, sd[d->nb + 2] = d->l, sd[d->nb + 3] = d->s;
+  d->st = tp_type_make(d->ct, d->nb + 4, sd);
+  d->scale = lw_is_none(n, a_scale) ? 1.0 / sqrt((double)d->ed) : lw_float(n, a_scale, 1.0);
+  d->a_bias = a_bias;
+  d->a_causal = a_causal;
+  return 1;
+}
+
+/* x ([*B, Hq, a, b]) as [*B, Hk, g, a, b], in opmath. */
+static tp_val sdpa_split(tp_emit *e, const sdpa_dims *d, tp_val x) {
+  tp_type t = *em_type(e, x);
+  int64_t dims[TP_MAX_RANK];
+  for (int i = 0; i < d->nb; i++) dims[i] = t.dims[i];
+  dims[d->nb] = d->hk, dims[d->nb + 1] = d->g, dims[d->nb + 2] = t.dims[t.rank - 2], dims[d->nb + 3] = t.dims[t.rank - 1];
+  return em_reshape(e, em_convert(e, x, d->ct), d->nb + 4, dims);
+}
+
+/* a ([*B, Hk, g, L, x]) times b ([*B, Hk, ., .]) over a's x and b's dim rc:
+ * [*B, Hk, g, L, y], y b's other dim. */
+static tp_val sdpa_dot_last(tp_emit *e, const sdpa_dims *d, tp_val a, tp_val b, int64_t rc) {
+  int64_t bat[TP_MAX_RANK];
+  for (int i = 0; i <= d->nb; i++) bat[i] = i;
+  int64_t lc = d->nb + 3;
+  rc += d->nb;
+  return em_dot(e, a, b, bat, bat, d->nb + 1, &lc, &rc, 1, d->ct);
+}
+
+/* a ([*B, Hk, g, L, x]) times b ([*B, Hk, g, L, y]) over (g, L): [*B, Hk, x, y]. */
+static tp_val sdpa_dot_rows(tp_emit *e, const sdpa_dims *d, tp_val a, tp_val b) {
+  int64_t bat[TP_MAX_RANK];
+  for (int i = 0; i <= d->nb; i++) bat[i] = i;
+  int64_t c[2] = {d->nb + 1, d->nb + 2};
+  return em_dot(e, a, b, bat, bat, d->nb + 1, c, c, 2, d->ct);
+}
+
+/* The masked, scaled scores s ([*B, Hk, g, L, S]). */
+static tp_val sdpa_scores(tp_emit *e, const tp_node *n, const sdpa_dims *d, tp_val q5, tp_val k) {
+  tp_val s = mulk(e, sdpa_dot_last(e, d, q5, em_convert(e, k, d->ct), 2), d->scale);
+  tp_val ninf = kf(e, s, -INFINITY);
+  if (lw_arg(n, d->a_bias)->kind == TP_ARG_TENSOR) {
+    tp_val b = lw_value(e, n, d->a_bias);
+    if (b < 0) return b;
+    tp_type bt = *em_type(e, b);
+    int r = d->nb + 3; /* the [*B, Hq, L, S] form */
+    int64_t full[TP_MAX_RANK];
+    for (int i = 0; i < d->nb; i++) full[i] = d->st.dims[i];
+    full[d->nb] = d->hk * d->g, full[d->nb + 1] = d->l, full[d->nb + 2] = d->s;
+    if (bt.rank > r) return em_fail(e, TP_INVALID_ARGUMENT, "%s: attn_mask has more dims than the scores", n->op);
+    for (int i = 0; i < bt.rank; i++) {
+      int64_t want = full[r - bt.rank + i];
+      if (bt.dims[i] != 1 && bt.dims[i] != want)
+        return em_fail(e, TP_INVALID_ARGUMENT, "%s: attn_mask of size %" PRId64 " at dim %d does not broadcast to %" PRId64,
+                       n->op, bt.dims[i], i, want);
+    }
+    b = em_bcast_to(e, b, r, full);
+    tp_type bst = d->st;
+    bst.dt = bt.dt;
+    b = em_reshape(e, b, bst.rank, bst.dims);
+    s = bt.dt == TP_BOOL ? em_select(e, b, s, ninf) : add(e, s, em_convert(e, b, d->ct));
+  }
+  if (lw_bool(n, d->a_causal, 0)) {
+    tp_type it = d->st;
+    it.dt = TP_I64;
+    tp_val row = em_iota(e, &it, d->nb + 2), col = em_iota(e, &it, d->nb + 3);
+    s = em_select(e, em_compare(e, "GT", col, row), ninf, s);
+  }
+  return s;
+}
+
+/* Broadcast a per-row value ([*B, Hk, g, L]) to the scores' shape. */
+static tp_val sdpa_rows(tp_emit *e, const sdpa_dims *d, tp_val x) {
+  int64_t map[TP_MAX_RANK];
+  for (int i = 0; i < d->nb + 3; i++) map[i] = i;
+  return bcast(e, x, &d->st, map);
+}
+
+/* softmax(s) over the key dim; *m (each row's max, 0 for a row of -inf)
+ * and *l (its sum of exp(s - m)) are per row.  A row of -inf gives zeros. */
+static tp_val sdpa_probs(tp_emit *e, const sdpa_dims *d, tp_val s, tp_val *m, tp_val *l) {
+  int64_t last = d->nb + 3;
+  tp_val mx = em_reduce(e, s, em_const(e, -INFINITY, d->ct), &last, 1, "stablehlo.maximum");
+  *m = em_select(e, em_compare(e, "EQ", mx, kf(e, mx, -INFINITY)), kf(e, mx, 0), mx);
+  tp_val ez = em_unary(e, "stablehlo.exponential", sub(e, s, sdpa_rows(e, d, *m)));
+  *l = rsum(e, ez, &last, 1);
+  tp_val inv = em_select(e, em_compare(e, "EQ", *l, kf(e, *l, 0)), kf(e, *l, 0), dv(e, kf(e, *l, 1), *l));
+  return mul(e, ez, sdpa_rows(e, d, inv));
+}
+
+static void r_sdpa(tp_emit *e, const tp_node *n, tp_val *o) {
+  tp_val q = lw_value(e, n, 0), k = lw_value(e, n, 1), v = lw_value(e, n, 2);
+  sdpa_dims d;
+  if (q < 0 || k < 0 || v < 0 || !sdpa_shape(e, n, q, k, v, 3, 4, 5, &d)) return;
+  tp_val s = sdpa_scores(e, n, &d, sdpa_split(e, &d, q), k);
+  if (s < 0) return;
+  tp_val m, l;
+  tp_val p = sdpa_probs(e, &d, s, &m, &l);
+  o[0] = as_out(e, n, 0, sdpa_dot_last(e, &d, p, em_convert(e, v, d.ct), 1));
+  o[1] = as_out(e, n, 1, add(e, m, em_unary(e, "stablehlo.log", l)));
+}
+
+/* The bias's gradient: ds ([*B, Hk, g, L, S]) summed over the dims the bias
+ * ([..] aligned to [*B, Hq, L, S] from the right) broadcasts along. */
+static tp_val sdpa_bias_grad(tp_emit *e, const sdpa_dims *d, tp_val ds, const tp_type *bt) {
+  int r = d->nb + 3;
+  int64_t full[TP_MAX_RANK], red[TP_MAX_RANK];
+  for (int i = 0; i < d->nb; i++) full[i] = d->st.dims[i];
+  full[d->nb] = d->hk * d->g, full[d->nb + 1] = d->l, full[d->nb + 2] = d->s;
+  tp_val x = em_reshape(e, ds, r, full);
+  int nr = 0;
+  for (int i = 0; i < r; i++) {
+    int j = i - (r - bt->rank);
+    if (j < 0 || (bt->dims[j] == 1 && full[i] != 1)) red[nr++] = i;
+  }
+  if (nr) x = rsum(e, x, red, nr);
+  return em_reshape(e, x, bt->rank, bt->dims);
+}
+
+static void r_sdpa_backward(tp_emit *e, const tp_node *n, tp_val *o) {
+  tp_val go = lw_value(e, n, 0), q = lw_value(e, n, 1), k = lw_value(e, n, 2), v = lw_value(e, n, 3);
+  sdpa_dims d;
+  if (go < 0 || q < 0 || k < 0 || v < 0 || !sdpa_shape(e, n, q, k, v, 4, 5, 6, &d)) return;
+  tp_val q5 = sdpa_split(e, &d, q);
+  tp_val s = sdpa_scores(e, n, &d, q5, k);
+  if (s < 0) return;
+  tp_val m, l;
+  tp_val p = sdpa_probs(e, &d, s, &m, &l);
+  tp_val g5 = sdpa_split(e, &d, go);
+  tp_val vc = em_convert(e, v, d.ct);
+  tp_val dp = sdpa_dot_last(e, &d, g5, vc, 2);
+  int64_t last = d.nb + 3;
+  tp_val ds = mul(e, p, sub(e, dp, sdpa_rows(e, &d, rsum(e, mul(e, p, dp), &last, 1))));
+  o[0] = as_out(e, n, 0, mulk(e, sdpa_dot_last(e, &d, ds, em_convert(e, k, d.ct), 1), d.scale));
+  o[1] = as_out(e, n, 1, mulk(e, sdpa_dot_rows(e, &d, ds, q5), d.scale));
+  o[2] = as_out(e, n, 2, sdpa_dot_rows(e, &d, p, g5));
+  if (lw_bool(n, 7, 0) && lw_arg(n, 4)->kind == TP_ARG_TENSOR) {
+    tp_type bt = *em_type(e, lw_value(e, n, 4));
+    o[3] = as_out(e, n, 3, sdpa_bias_grad(e, &d, ds, &bt));
+  } else {
+    o[3] = em_full(e, 0, OUT(3));
+  }
+}
+
 const tp_lower_entry tp_lower_nn[] = {
+    {"tp::sdpa", r_sdpa},
+    {"tp::sdpa_backward", r_sdpa_backward},
     {"aten::native_group_norm", r_group_norm},
     {"aten::native_group_norm_backward", r_group_norm_backward},
     {"aten::max_pool2d_with_indices", r_max_pool2d},

@@ -122,6 +122,14 @@ TEST(test_rules_survive_type_table_growth) {
        {none, none, none, none, none}, {0, 1, 2, -1, -1}, 1, {ty(TP_F32, 2, 16, 8, 0)}, -1, 0},
       {"aten::histc", 1, {ty(TP_I32, 1, 40, 0, 0)}, 4, {none, a_int(4), a_float(0), a_float(3)}, {0, -1, -1, -1},
        1, {ty(TP_I32, 1, 4, 0, 0)}, -1, 0},
+      /* grouped-query attention (4 query heads on 2 kv heads), a float bias, causal */
+      {"tp::sdpa", 4, {ty(TP_F32, 3, 4, 5, 8), ty(TP_F32, 3, 2, 7, 8), ty(TP_F32, 3, 2, 7, 6), ty(TP_F32, 2, 5, 7, 0)}, 6,
+       {none, none, none, none, a_bool(1), none}, {0, 1, 2, 3, -1, -1},
+       2, {ty(TP_F32, 3, 4, 5, 6), ty(TP_F32, 2, 4, 5, 0)}, -1, 0},
+      {"tp::sdpa_backward", 4, {ty(TP_BF16, 3, 4, 5, 6), ty(TP_BF16, 3, 4, 5, 8), ty(TP_BF16, 3, 2, 7, 8),
+       ty(TP_BF16, 3, 2, 7, 6)}, 8, {none, none, none, none, none, a_bool(1), a_float(0.5), a_bool(0)},
+       {0, 1, 2, 3, -1, -1, -1, -1},
+       4, {ty(TP_BF16, 3, 4, 5, 8), ty(TP_BF16, 3, 2, 7, 8), ty(TP_BF16, 3, 2, 7, 6), ty(TP_BF16, 1, 0, 0, 0)}, -1, 0},
   };
   for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
     int ok = 1;

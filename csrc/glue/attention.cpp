@@ -1,0 +1,33 @@
+// attention.cpp - which backend scaled_dot_product_attention takes on tpu.
+//
+// PyTorch's scaled_dot_product_attention asks a per-device DispatchStub,
+// _fused_sdp_choice_stub, for its backend; without a PrivateUse1 entry every
+// call takes the math backend (about ten eager ops).  This entry hands the
+// question to the aten::_fused_sdp_choice op, whose tpu kernel is Python
+// (torch_pjrt/_attention.py: the rules for the fused "overrideable" backend
+// and its kernels live there), so no attention logic is in C++.
+
+#include "glue.h"
+
+#include <ATen/native/transformers/attention.h>
+#include <ATen/ops/_fused_sdp_choice.h>
+
+namespace torch_pjrt {
+namespace {
+
+int64_t fused_sdp_choice(const at::Tensor& query, const at::Tensor& key,
+                         const at::Tensor& value,
+                         const std::optional<at::Tensor>& attn_mask,
+                         double dropout_p, bool is_causal,
+                         std::optional<double> scale, bool enable_gqa) {
+  return at::_fused_sdp_choice(query, key, value, attn_mask, dropout_p,
+                               is_causal, scale, enable_gqa);
+}
+
+}  // namespace
+}  // namespace torch_pjrt
+
+namespace at::native {
+REGISTER_PRIVATEUSE1_DISPATCH(_fused_sdp_choice_stub,
+                              &torch_pjrt::fused_sdp_choice)
+}  // namespace at::native

@@ -7,9 +7,10 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import torch_pjrt
-from util import all_graphs_lowered, check, lowered
+from util import all_graphs_lowered, assert_close, check, lowered
 
 F32 = torch.float32
+aten = torch.ops.aten
 
 
 def rnd(*shape, dtype=F32, seed=0, grad=True):
@@ -119,10 +120,45 @@ def test_mismatched_heads_without_gqa_raise_as_on_cpu():
     assert str(tpu.value) == str(cpu.value)
 
 
-def test_compiled_graph_keeps_the_fused_kernels():
+def test_compiled_graphs_take_the_math_backend():
+    # (XLA fuses the math backend's ops into the graph; the fused kernels'
+    # backward recomputes the softmax, which is slower there.)
     def f(q, k, v, m):
         return sdpa(q, k, v, m, enable_gqa=True).sin()
 
     with all_graphs_lowered():
         check(torch.compile(f, backend="tpu", fullgraph=True), *qkv(2, 4, 2, 5, 7, 8, 8),
               rnd(2, 1, 5, 7, seed=8), grad=True)
+
+
+def test_compiled_graph_calling_the_fused_op_gets_its_kernels():
+    def fused(q, k, v):
+        return aten._scaled_dot_product_fused_attention_overrideable(q, k, v, None, 0.0, True)[0].sin()
+
+    q, k, v = qkv(2, 4, 4, 5, 7, 8, 8)
+    cot = rnd(2, 4, 5, 8, seed=9, grad=False)
+    dev = [t.detach().to("tpu").requires_grad_() for t in (q, k, v)]
+    with all_graphs_lowered():
+        out = torch.compile(fused, backend="tpu", fullgraph=True)(*dev)
+    expected = sdpa(q, k, v, is_causal=True).sin()
+    assert_close(out, expected)
+    out.backward(cot.to("tpu"))
+    expected.backward(cot)
+    for a, e in zip(dev, (q, k, v)):
+        assert_close(a.grad, e.grad)
+
+
+def test_compiled_cpu_graph_attention_gradients():
+    # A graph on CPU tensors compiled with backend="tpu" keeps the CPU's flash
+    # attention whole (PyTorch's decomposition of it gave wrong gradients).
+    def f(q, k, v):
+        return sdpa(q, k, v, is_causal=True).sin()
+
+    q, k, v = qkv(2, 4, 4, 5, 7, 8, 8)
+    cot = rnd(2, 4, 5, 8, seed=10, grad=False)
+    ins = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    out = torch.compile(f, backend="tpu")(*ins)
+    out.backward(cot)
+    f(q, k, v).backward(cot)
+    for a, e in zip(ins, (q, k, v)):
+        torch.testing.assert_close(a.grad, e.grad)

@@ -1443,6 +1443,10 @@ def _decompositions():
                A.triu_indices.default, A.tril_indices.default, A.narrow_copy.default, A.unfold.default,
                A.addmm.dtype, A.rrelu_with_noise_backward.default, A.upsample_bicubic2d.default):
         table[op] = decomposition_table[op]
+    # The CPU's flash attention (a CPU graph's SDPA) stays whole: PyTorch's
+    # decomposition, written for export, returns the attention weights where
+    # the op's logsumexp goes, which its backward then reads (wrong gradients).
+    table.pop(A._scaled_dot_product_flash_attention_for_cpu.default, None)
     table[A.logcumsumexp.default] = A._logcumsumexp.default
     table[A.copysign.Tensor] = table[A.copysign.Scalar] = _copysign
     table[A.lcm.default] = _lcm

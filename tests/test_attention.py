@@ -162,3 +162,13 @@ def test_compiled_cpu_graph_attention_gradients():
     f(q, k, v).backward(cot)
     for a, e in zip(ins, (q, k, v)):
         torch.testing.assert_close(a.grad, e.grad)
+
+
+def test_vmap_takes_the_math_backend():
+    # (aten::_fused_sdp_choice has no batching rule: vmap's calls are not asked.)
+    q = rnd(3, 2, 4, 5, 8, grad=False)
+
+    def f(x):
+        return sdpa(x, x, x, is_causal=True)
+
+    assert_close(torch.func.vmap(f)(q.to("tpu")), torch.func.vmap(f)(q))

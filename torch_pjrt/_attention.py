@@ -15,8 +15,9 @@ that calls the ATen ops itself gets these kernels (`_compile._decompositions`).
 Calls the fused kernels do not cover take the math backend, as before:
 dropout (its random numbers stay those of the math backend's dropout op),
 inputs that are not 4-d, mixed or non-floating dtypes, heads that do not
-group evenly, empty sizes, and calls made while the user disabled the
-overrideable backend (`torch.nn.attention.sdpa_kernel`).
+group evenly, empty sizes, calls under vmap or a trace, and calls made
+while the user disabled the overrideable backend
+(`torch.nn.attention.sdpa_kernel`).
 """
 import torch
 
@@ -65,13 +66,14 @@ def _fits(q, k, v, mask, dropout_p, enable_gqa):
 
 def fused_sdp_choice(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
                      enable_gqa=False):
-    """The tpu kernel of aten::_fused_sdp_choice.  Eager calls only: a graph
-    being traced (fake or functional tensors, any tensor subclass) keeps the
-    math backend, whose ops XLA fuses with their neighbours and whose
-    backward reuses the saved softmax; the fused kernels' backward recomputes
-    it (docs/architecture.md, "Attention": as fast at 128 tokens, 10% slower
-    at 512 in a compiled training step; 9-10% faster eager)."""
-    if type(query) is not torch.Tensor or query.device.type != "tpu":
+    """The tpu kernel of aten::_fused_sdp_choice, asked for eager calls
+    only: a graph being traced (fake or functional tensors) keeps the math
+    backend without asking (csrc/glue/attention.cpp).  XLA fuses the math
+    ops with their neighbours and their backward reuses the saved softmax,
+    which the fused kernels' backward recomputes (docs/architecture.md,
+    "Attention": as fast at 128 tokens, 10% slower at 512 in a compiled
+    training step; 9-10% faster eager)."""
+    if query.device.type != "tpu":
         return _MATH
     if torch._C._get_overrideable_sdp_enabled() and _fits(query, key, value, attn_mask, dropout_p, enable_gqa):
         return _OVERRIDEABLE

@@ -120,32 +120,53 @@ def test_mismatched_heads_without_gqa_raise_as_on_cpu():
     assert str(tpu.value) == str(cpu.value)
 
 
-def test_compiled_graphs_take_the_math_backend():
-    # (XLA fuses the math backend's ops into the graph; the fused kernels'
-    # backward recomputes the softmax, which is slower there.)
+def compare_compiled(fn, ref, *ins):
+    """fn compiled on tpu copies of ins against ref eagerly on the CPU: outputs and gradients."""
+    cot = rnd(*ref(*ins).shape, seed=9, grad=False)
+    dev = [t.detach().to("tpu").requires_grad_() for t in ins]
+    with all_graphs_lowered():
+        out = torch.compile(fn, backend="tpu", fullgraph=True)(*dev)
+    expected = ref(*ins)
+    assert_close(out, expected)
+    out.backward(cot.to("tpu"))
+    expected.backward(cot)
+    for a, e in zip(dev, ins):
+        assert_close(a.grad, e.grad)
+
+
+def test_compiled_attention_matches_cpu():
     def f(q, k, v, m):
         return sdpa(q, k, v, m, enable_gqa=True).sin()
 
-    with all_graphs_lowered():
-        check(torch.compile(f, backend="tpu", fullgraph=True), *qkv(2, 4, 2, 5, 7, 8, 8),
-              rnd(2, 1, 5, 7, seed=8), grad=True)
+    compare_compiled(f, f, *qkv(2, 4, 2, 5, 7, 8, 8), rnd(2, 1, 5, 7, seed=8))
+
+
+def test_traced_calls_take_the_math_backend():
+    # Graphs keep the math backend's ops, which XLA fuses with the rest of
+    # the graph (the fused kernels' backward recomputes the softmax, which
+    # is slower there): fake tensors are not asked.
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Ops(TorchDispatchMode):
+        seen = set()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.seen.add(func._schema.name)
+            return func(*args, **(kwargs or {}))
+
+    with FakeTensorMode() as mode:
+        fake = [mode.from_tensor(t.detach().to("tpu")) for t in qkv(2, 4, 4, 5, 5, 8, 8)]
+        with Ops():
+            sdpa(*fake, is_causal=True)
+    assert "aten::bmm" in Ops.seen and not any("overrideable" in name for name in Ops.seen)
 
 
 def test_compiled_graph_calling_the_fused_op_gets_its_kernels():
     def fused(q, k, v):
         return aten._scaled_dot_product_fused_attention_overrideable(q, k, v, None, 0.0, True)[0].sin()
 
-    q, k, v = qkv(2, 4, 4, 5, 7, 8, 8)
-    cot = rnd(2, 4, 5, 8, seed=9, grad=False)
-    dev = [t.detach().to("tpu").requires_grad_() for t in (q, k, v)]
-    with all_graphs_lowered():
-        out = torch.compile(fused, backend="tpu", fullgraph=True)(*dev)
-    expected = sdpa(q, k, v, is_causal=True).sin()
-    assert_close(out, expected)
-    out.backward(cot.to("tpu"))
-    expected.backward(cot)
-    for a, e in zip(dev, (q, k, v)):
-        assert_close(a.grad, e.grad)
+    compare_compiled(fused, lambda q, k, v: sdpa(q, k, v, is_causal=True).sin(), *qkv(2, 4, 4, 5, 7, 8, 8))
 
 
 def test_compiled_cpu_graph_attention_gradients():

@@ -102,8 +102,9 @@ def sdpa_overrideable_backward(grad_out, query, key, value, attn_bias, grad_inpu
     return dq, dk, dv, (db if bias_grad else None)
 
 
+# The backend's ops: tpu kernels (their default kernel raises, one meant for
+# backends to override) and graphs' decompositions.
 KERNELS = {
-    "aten::_fused_sdp_choice": fused_sdp_choice,
     "aten::_scaled_dot_product_fused_attention_overrideable": sdpa_overrideable,
     "aten::_scaled_dot_product_fused_attention_overrideable_backward": sdpa_overrideable_backward,
 }

@@ -1424,7 +1424,7 @@ _SPECIAL = {
     **_composite.KERNELS,
     **_HOST_SAMPLERS,
     "aten::cholesky": _cholesky,
-    **_attention.KERNELS,
+    "aten::_fused_sdp_choice": _attention.fused_sdp_choice,
     "aten::_copy_from": _copy_from,
     "aten::_copy_from_and_resize": _copy_from_and_resize,
     "aten::_local_scalar_dense": _local_scalar_dense,
@@ -1478,11 +1478,8 @@ def install():
     # that has only CPU/CUDA kernels (an internal assert for tpu): _composite's.
     for name in ("kaiser_window", "kaiser_window.periodic", "kaiser_window.beta"):
         impl.impl(name, _composite.KERNELS["aten::kaiser_window.beta"], "PrivateUse1")
-    # The fused SDPA backend's ops have a default kernel that raises (one
-    # meant for backends to override): _attention's.
-    for name in ("_scaled_dot_product_fused_attention_overrideable",
-                 "_scaled_dot_product_fused_attention_overrideable_backward"):
-        impl.impl(name, _attention.KERNELS["aten::" + name], "PrivateUse1")
+    for name, fn in _attention.KERNELS.items():  # the fused SDPA backend
+        impl.impl(name.split("::")[1], fn, "PrivateUse1")
     # copy_ hands a conjugate/negative view to _copy_from unresolved; the
     # generic Conjugate/Negative fallback would resolve it with clone, which
     # copies through _copy_from again, without end (a stack overflow, as in

@@ -2302,7 +2302,7 @@ static void r_weight_norm_backward(tp_emit *e, const tp_node *n, tp_val *o) {
 /* tp::sdpa(q, k, v, bias?, is_causal, scale?) -> (out, lse) and
  * tp::sdpa_backward(grad_out, q, k, v, bias?, is_causal, scale?, bias_grad)
  * -> (dq, dk, dv, dbias): the kernels behind SDPA's overrideable backend
- * (torch_pjrt/_attention.py; which calls take it: csrc/glue/kernels.cpp).
+ * (torch_pjrt/_attention.py, which also says which calls take it).
  * One program each, where PyTorch's math backend is about ten eager ops.
  * q is [*B, Hq, L, E], k [*B, Hk, S, E], v [*B, Hk, S, Ev] with Hk dividing
  * Hq (grouped-query attention: query head h reads kv head h / (Hq / Hk)).
@@ -2319,19 +2319,18 @@ static void r_weight_norm_backward(tp_emit *e, const tp_node *n, tp_val *o) {
  * Internally the heads are split [*B, Hk, g, ...] with g = Hq / Hk, so k
  * and v are never repeated. */
 typedef struct sdpa_dims {
-  int nb;                         /* leading batch dims (*B) */
-  int64_t hk, g, l, s, ed, ev;    /* kv heads, group, query len, key len, head dims */
-  tp_type st;                     /* scores: [*B, Hk, g, L, S] in opmath */
+  int nb;                      /* leading batch dims (*B) */
+  int64_t hk, g, l, s, ed, ev; /* kv heads, group, query len, key len, head dims */
+  tp_type st;                  /* scores: [*B, Hk, g, L, S] in opmath */
   tp_dtype ct;
   double scale;
-  int a_bias, a_causal; /* argument numbers of bias and is_causal */
+  int a_bias, a_causal;        /* argument numbers of bias and is_causal */
 } sdpa_dims;
 
 /* The dims of q, k, v; a_bias, a_causal, a_scale: argument numbers. */
 static int sdpa_shape(tp_emit *e, const tp_node *n, tp_val q, tp_val k, tp_val v, int a_bias, int a_causal,
                       int a_scale, sdpa_dims *d) {
-  const tp_type *qt = em_type(e, q);
-  tp_type tq = *qt, tk = *em_type(e, k), tv = *em_type(e, v);
+  tp_type tq = *em_type(e, q), tk = *em_type(e, k), tv = *em_type(e, v);
   int r = tq.rank;
   int ok = r >= 3 && r + 1 <= TP_MAX_RANK && tk.rank == r && tv.rank == r;
   for (int i = 0; ok && i < r - 3; i++) ok = tk.dims[i] == tq.dims[i] && tv.dims[i] == tq.dims[i];
@@ -2370,6 +2369,13 @@ static tp_val sdpa_split(tp_emit *e, const sdpa_dims *d, tp_val x) {
   return em_reshape(e, em_convert(e, x, d->ct), d->nb + 4, dims);
 }
 
+/* The scores' [*B, Hq, L, S] form into full; returns its rank. */
+static int sdpa_full(const sdpa_dims *d, int64_t *full) {
+  for (int i = 0; i < d->nb; i++) full[i] = d->st.dims[i];
+  full[d->nb] = d->hk * d->g, full[d->nb + 1] = d->l, full[d->nb + 2] = d->s;
+  return d->nb + 3;
+}
+
 /* a ([*B, Hk, g, L, x]) times b ([*B, Hk, ., .]) over a's x and b's dim rc:
  * [*B, Hk, g, L, y], y b's other dim. */
 static tp_val sdpa_dot_last(tp_emit *e, const sdpa_dims *d, tp_val a, tp_val b, int64_t rc) {
@@ -2396,10 +2402,8 @@ static tp_val sdpa_scores(tp_emit *e, const tp_node *n, const sdpa_dims *d, tp_v
     tp_val b = lw_value(e, n, d->a_bias);
     if (b < 0) return b;
     tp_type bt = *em_type(e, b);
-    int r = d->nb + 3; /* the [*B, Hq, L, S] form */
     int64_t full[TP_MAX_RANK];
-    for (int i = 0; i < d->nb; i++) full[i] = d->st.dims[i];
-    full[d->nb] = d->hk * d->g, full[d->nb + 1] = d->l, full[d->nb + 2] = d->s;
+    int r = sdpa_full(d, full);
     if (bt.rank > r) return em_fail(e, TP_INVALID_ARGUMENT, "%s: attn_mask has more dims than the scores", n->op);
     for (int i = 0; i < bt.rank; i++) {
       int64_t want = full[r - bt.rank + i];
@@ -2456,10 +2460,8 @@ static void r_sdpa(tp_emit *e, const tp_node *n, tp_val *o) {
 /* The bias's gradient: ds ([*B, Hk, g, L, S]) summed over the dims the bias
  * ([..] aligned to [*B, Hq, L, S] from the right) broadcasts along. */
 static tp_val sdpa_bias_grad(tp_emit *e, const sdpa_dims *d, tp_val ds, const tp_type *bt) {
-  int r = d->nb + 3;
   int64_t full[TP_MAX_RANK], red[TP_MAX_RANK];
-  for (int i = 0; i < d->nb; i++) full[i] = d->st.dims[i];
-  full[d->nb] = d->hk * d->g, full[d->nb + 1] = d->l, full[d->nb + 2] = d->s;
+  int r = sdpa_full(d, full);
   tp_val x = em_reshape(e, ds, r, full);
   int nr = 0;
   for (int i = 0; i < r; i++) {

@@ -88,8 +88,8 @@ def sdpa_overrideable(query, key, value, attn_bias=None, dropout_p=0.0, is_causa
                                   "call torch.nn.functional.scaled_dot_product_attention, which picks the math "
                                   "backend for these")
     out, lse = torch.ops.tp.sdpa(query, key, value, attn_bias, is_causal, scale)
-    seed = torch.empty((), dtype=torch.long, device=query.device)  # no RNG: never read
-    return out, lse, None, None, query.shape[2], key.shape[2], seed, seed, None
+    # No RNG: the philox seed and offset stay undefined, as cum_seq_q/k do.
+    return out, lse, None, None, query.shape[2], key.shape[2], None, None, None
 
 
 def sdpa_overrideable_backward(grad_out, query, key, value, attn_bias, grad_input_mask, out, logsumexp,

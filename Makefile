@@ -37,7 +37,7 @@ $(STAMP): requirements.txt tools/dev_install.py
 	$(VPY) tools/dev_install.py
 	touch $@
 
-build: $(STAMP) $(CORE_LIB) $(PKG)/_C.so $(PKG)/_glue.so
+build: $(STAMP) $(CORE_LIB) $(PKG)/_C.so $(PKG)/_glue.so $(PKG)/_dist.so
 
 $(CORE_LIB): $(CORE_SRC) $(CORE_HDR) $(STAMP)
 	$(CC) $(CWARN) $(CFLAGS) -fPIC -shared -I$(PJRT_INC) -o $@ $(CORE_SRC) -ldl -lpthread -lm
@@ -55,6 +55,14 @@ $(PKG)/_glue.so: $(GLUE_SRC) $(wildcard csrc/glue/*.h) $(CORE_HDR) | $(CORE_LIB)
 	  -D_GLIBCXX_USE_CXX11_ABI=1 -Icsrc/core -I$(TORCH_DIR)/include -o $@ $(GLUE_SRC) \
 	  -L$(PKG) -ltpcore -L$(TORCH_DIR)/lib -lc10 -ltorch -ltorch_cpu \
 	  -Wl,-rpath,'$$ORIGIN' -Wl,-rpath,$(TORCH_DIR)/lib
+
+# torch.distributed's "tpu" backend: a c10d::Backend subclass that Python
+# creates, so this one module is built with Python and pybind11 headers
+# (torch ships both) and links torch_python.
+$(PKG)/_dist.so: csrc/dist/backend.cpp | $(STAMP)
+	$(CXX) -std=c++20 -O2 -fPIC -shared -Wall -Wextra -Werror -Wno-unused-parameter \
+	  -D_GLIBCXX_USE_CXX11_ABI=1 -I$(PY_INC) -I$(TORCH_DIR)/include -I$(TORCH_DIR)/include/torch/csrc/api/include \
+	  -o $@ $< -L$(TORCH_DIR)/lib -lc10 -ltorch -ltorch_cpu -ltorch_python -Wl,-rpath,$(TORCH_DIR)/lib
 
 # C unit tests: the core compiled again with AddressSanitizer and UBSan,
 # run against the real XLA CPU plugin.

@@ -147,3 +147,6 @@ from .bucket import bucket  # noqa: E402,F401
 from . import _multiprocessing  # noqa: E402
 
 _multiprocessing.install()
+from . import distributed as _distributed  # noqa: E402
+
+_distributed.install()

@@ -81,7 +81,11 @@ def check_xla_flags(path, c_module_file):
 
 
 def cpu_device_count():
-    raw = os.environ.get("TORCH_PJRT_CPU_DEVICES", "1")
+    # Under torchrun (LOCAL_WORLD_SIZE set), the CPU plugin gives every
+    # process one device per local rank, so that a script written for CUDA,
+    # `torch.tpu.set_device(local_rank)` and `DDP(model, device_ids=[local_rank])`,
+    # runs unchanged.  Each process still computes on its own devices only.
+    raw = os.environ.get("TORCH_PJRT_CPU_DEVICES") or os.environ.get("LOCAL_WORLD_SIZE") or "1"
     try:
         n = int(raw)
     except ValueError:

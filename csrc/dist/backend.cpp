@@ -1,0 +1,282 @@
+// backend.cpp - the "tpu" backend of torch.distributed (c10d).
+//
+// PyTorch calls a device's collectives through a c10d::Backend, a C++ class
+// that only a C++ subclass can implement (c10d::Backend has no Python
+// trampoline).  This one moves "tpu" tensors to host memory, runs the
+// collective with Gloo, PyTorch's CPU backend, over the same store, and
+// copies the results back into the "tpu" tensors.  CPU tensors go to Gloo as
+// they are.  Every call finishes before it returns (its Work is complete):
+// nothing here computes or keeps state beyond the Gloo backend it wraps.
+//
+// Why Gloo: the PJRT C API gives a program collectives across the devices of
+// one client (an XLA all-reduce), not across processes, and torchrun starts
+// one process per device.  On the XLA CPU plugin a device buffer is host
+// memory, so the relay costs one copy each way.  See docs/architecture.md,
+// "Distributed".
+//
+// This is the one glue file built with Python headers: torch.distributed
+// creates backends from Python (dist.Backend.register_backend), so the class
+// needs a pybind11 binding.
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+#include <torch/csrc/utils/pybind.h>
+
+#include <ATen/ATen.h>
+
+namespace {
+
+bool on_tpu(const at::Tensor& t) { return t.device().type() == c10::DeviceType::PrivateUse1; }
+
+// The tensor Gloo works on: a host copy of a "tpu" tensor, else itself.
+at::Tensor host(const at::Tensor& t) { return on_tpu(t) ? t.cpu() : t; }
+
+std::vector<at::Tensor> host(const std::vector<at::Tensor>& v) {
+  std::vector<at::Tensor> out;
+  out.reserve(v.size());
+  for (const auto& t : v) out.push_back(host(t));
+  return out;
+}
+
+std::vector<std::vector<at::Tensor>> host(const std::vector<std::vector<at::Tensor>>& v) {
+  std::vector<std::vector<at::Tensor>> out;
+  out.reserve(v.size());
+  for (const auto& l : v) out.push_back(host(l));
+  return out;
+}
+
+void put_back(at::Tensor& dst, const at::Tensor& src) {
+  if (!dst.is_same(src)) dst.copy_(src);
+}
+
+void put_back(std::vector<at::Tensor>& dst, const std::vector<at::Tensor>& src) {
+  for (size_t i = 0; i < dst.size(); ++i) put_back(dst[i], src[i]);
+}
+
+void put_back(std::vector<std::vector<at::Tensor>>& dst, const std::vector<std::vector<at::Tensor>>& src) {
+  for (size_t i = 0; i < dst.size(); ++i) put_back(dst[i], src[i]);
+}
+
+// A finished Work whose future holds `outputs` (DDP's reducer reads the
+// reduced bucket from it).
+c10::intrusive_ptr<c10d::Work> done(const std::vector<at::Tensor>& outputs) {
+  auto fut = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()));
+  fut->markCompleted(c10::IValue(outputs));
+  return c10d::Work::create_from_future(fut);
+}
+
+std::vector<at::Tensor> flat(const std::vector<std::vector<at::Tensor>>& v) {
+  std::vector<at::Tensor> out;
+  for (const auto& l : v) out.insert(out.end(), l.begin(), l.end());
+  return out;
+}
+
+// Gloo has no AVG: it is run as SUM, and the results are divided here.
+bool is_avg(const c10d::ReduceOp& op) { return op == c10d::ReduceOp::AVG; }
+
+template <class Opts>
+Opts gloo_opts(Opts opts) {
+  if (is_avg(opts.reduceOp)) opts.reduceOp = c10d::ReduceOp::SUM;
+  return opts;
+}
+
+void average(std::vector<at::Tensor>& ts, int size) {
+  for (auto& t : ts) {
+    TORCH_CHECK(t.is_floating_point() || t.is_complex(),
+                "ReduceOp.AVG on the tpu backend needs floating-point tensors, got ", t.scalar_type(),
+                "; use ReduceOp.SUM and divide");
+    t.div_(size);
+  }
+}
+
+class TpuBackend final : public c10d::Backend {
+ public:
+  TpuBackend(c10::intrusive_ptr<c10d::Backend> gloo, int rank, int size)
+      : c10d::Backend(rank, size), gloo_(std::move(gloo)) {}
+
+  const std::string getBackendName() const override { return "tpu"; }
+
+  c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& ts, const c10d::BroadcastOptions& o) override {
+    auto h = host(ts);
+    gloo_->broadcast(h, o)->wait();
+    put_back(ts, h);
+    return done(ts);
+  }
+
+  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& ts, const c10d::AllreduceOptions& o) override {
+    auto h = host(ts);
+    gloo_->allreduce(h, gloo_opts(o))->wait();
+    if (is_avg(o.reduceOp)) average(h, getSize());
+    put_back(ts, h);
+    return done(ts);
+  }
+
+  c10::intrusive_ptr<c10d::Work> allreduce_coalesced(std::vector<at::Tensor>& ts,
+                                                     const c10d::AllreduceCoalescedOptions& o) override {
+    auto h = host(ts);
+    gloo_->allreduce_coalesced(h, gloo_opts(o))->wait();
+    if (is_avg(o.reduceOp)) average(h, getSize());
+    put_back(ts, h);
+    return done(ts);
+  }
+
+  c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& ts, const c10d::ReduceOptions& o) override {
+    auto h = host(ts);
+    gloo_->reduce(h, gloo_opts(o))->wait();
+    if (is_avg(o.reduceOp) && getRank() == o.rootRank) average(h, getSize());
+    put_back(ts, h);
+    return done(ts);
+  }
+
+  c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outs, std::vector<at::Tensor>& ins,
+                                           const c10d::AllgatherOptions& o) override {
+    auto ho = host(outs);
+    auto hi = host(ins);
+    gloo_->allgather(ho, hi, o)->wait();
+    put_back(outs, ho);
+    return done(flat(outs));
+  }
+
+  c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& out, at::Tensor& in,
+                                                 const c10d::AllgatherOptions& o) override {
+    auto ho = host(out);
+    auto hi = host(in);
+    gloo_->_allgather_base(ho, hi, o)->wait();
+    put_back(out, ho);
+    return done({out});
+  }
+
+  c10::intrusive_ptr<c10d::Work> allgather_coalesced(std::vector<std::vector<at::Tensor>>& outs,
+                                                     std::vector<at::Tensor>& ins,
+                                                     const c10d::AllgatherOptions& o) override {
+    auto ho = host(outs);
+    auto hi = host(ins);
+    gloo_->allgather_coalesced(ho, hi, o)->wait();
+    put_back(outs, ho);
+    return done(flat(outs));
+  }
+
+  c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(std::vector<at::Tensor>& outs,
+                                                                 std::vector<at::Tensor>& ins,
+                                                                 const c10d::AllgatherOptions& o) override {
+    auto ho = host(outs);
+    auto hi = host(ins);
+    gloo_->allgather_into_tensor_coalesced(ho, hi, o)->wait();
+    put_back(outs, ho);
+    return done(outs);
+  }
+
+  c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outs, std::vector<at::Tensor>& ins,
+                                        const c10d::GatherOptions& o) override {
+    auto ho = host(outs);
+    auto hi = host(ins);
+    gloo_->gather(ho, hi, o)->wait();
+    put_back(outs, ho);
+    return done(flat(outs));
+  }
+
+  c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outs, std::vector<std::vector<at::Tensor>>& ins,
+                                         const c10d::ScatterOptions& o) override {
+    auto ho = host(outs);
+    auto hi = host(ins);
+    gloo_->scatter(ho, hi, o)->wait();
+    put_back(outs, ho);
+    return done(outs);
+  }
+
+  c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& outs,
+                                                std::vector<std::vector<at::Tensor>>& ins,
+                                                const c10d::ReduceScatterOptions& o) override {
+    auto ho = host(outs);
+    auto hi = host(ins);
+    gloo_->reduce_scatter(ho, hi, gloo_opts(o))->wait();
+    if (is_avg(o.reduceOp)) average(ho, getSize());
+    put_back(outs, ho);
+    return done(outs);
+  }
+
+  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(at::Tensor& out, at::Tensor& in,
+                                                      const c10d::ReduceScatterOptions& o) override {
+    std::vector<at::Tensor> ho{host(out)};
+    auto hi = host(in);
+    gloo_->_reduce_scatter_base(ho[0], hi, gloo_opts(o))->wait();
+    if (is_avg(o.reduceOp)) average(ho, getSize());
+    put_back(out, ho[0]);
+    return done({out});
+  }
+
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outs,
+                                                                 std::vector<at::Tensor>& ins,
+                                                                 const c10d::ReduceScatterOptions& o) override {
+    auto ho = host(outs);
+    auto hi = host(ins);
+    gloo_->reduce_scatter_tensor_coalesced(ho, hi, gloo_opts(o))->wait();
+    if (is_avg(o.reduceOp)) average(ho, getSize());
+    put_back(outs, ho);
+    return done(outs);
+  }
+
+  c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& out, at::Tensor& in, std::vector<int64_t>& out_splits,
+                                               std::vector<int64_t>& in_splits,
+                                               const c10d::AllToAllOptions& o) override {
+    auto ho = host(out);
+    auto hi = host(in);
+    gloo_->alltoall_base(ho, hi, out_splits, in_splits, o)->wait();
+    put_back(out, ho);
+    return done({out});
+  }
+
+  c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outs, std::vector<at::Tensor>& ins,
+                                          const c10d::AllToAllOptions& o) override {
+    auto ho = host(outs);
+    auto hi = host(ins);
+    gloo_->alltoall(ho, hi, o)->wait();
+    put_back(outs, ho);
+    return done(outs);
+  }
+
+  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& ts, int dst, int tag) override {
+    auto h = host(ts);
+    gloo_->send(h, dst, tag)->wait();
+    return done(ts);
+  }
+
+  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& ts, int src, int tag) override {
+    auto h = host(ts);
+    gloo_->recv(h, src, tag)->wait();
+    put_back(ts, h);
+    return done(ts);
+  }
+
+  c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& ts, int tag) override {
+    auto h = host(ts);
+    auto w = gloo_->recvAnysource(h, tag);
+    w->wait();
+    put_back(ts, h);
+    // The Work says which rank sent (dist.recv(src=None) returns it).
+    return w;
+  }
+
+  c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& o) override {
+    gloo_->barrier(o)->wait();
+    return done({});
+  }
+
+  void monitoredBarrier(const c10d::BarrierOptions& o, bool wait_all_ranks) override {
+    gloo_->monitoredBarrier(o, wait_all_ranks);
+  }
+
+  void setSequenceNumberForGroup() override { gloo_->setSequenceNumberForGroup(); }
+  uint64_t getSequenceNumberForGroup() override { return gloo_->getSequenceNumberForGroup(); }
+
+ private:
+  c10::intrusive_ptr<c10d::Backend> gloo_;
+};
+
+}  // namespace
+
+PYBIND11_MODULE(_dist, m) {
+  pybind11::module_::import("torch._C._distributed_c10d");
+  pybind11::class_<TpuBackend, c10d::Backend, c10::intrusive_ptr<TpuBackend>>(m, "TpuBackend")
+      .def(pybind11::init<c10::intrusive_ptr<c10d::Backend>, int, int>(), pybind11::arg("gloo"),
+           pybind11::arg("rank"), pybind11::arg("size"));
+}

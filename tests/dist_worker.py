@@ -1,0 +1,241 @@
+"""The ranks of tests/test_distributed.py: each scenario runs in every rank of
+one process group and records, per rank, None (it passed) or what went wrong.
+Scenarios compare with values worked out by hand or with training on the CPU
+in one process over the whole batch."""
+import datetime
+import json
+import os
+import sys
+import traceback
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+import torch_pjrt  # noqa: F401  (registers the "tpu" device and its distributed backend)
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples"))
+
+WORLD = 2
+TOL = dict(rtol=1e-5, atol=1e-6)
+
+
+def _eq(a, b, **tol):
+    torch.testing.assert_close(a.cpu() if isinstance(a, torch.Tensor) else a, b, **(tol or TOL))
+
+
+def collectives(rank, dev):
+    w = WORLD
+    x = torch.full((3,), float(rank + 1), device=dev)
+    dist.all_reduce(x)
+    _eq(x, torch.full((3,), 3.0))
+    for op, want in ((dist.ReduceOp.AVG, 1.5), (dist.ReduceOp.MAX, 2.0), (dist.ReduceOp.MIN, 1.0),
+                     (dist.ReduceOp.PRODUCT, 2.0)):
+        y = torch.full((2, 2), float(rank + 1), device=dev)
+        dist.all_reduce(y, op=op)
+        _eq(y, torch.full((2, 2), want))
+    i = torch.arange(4, device=dev, dtype=torch.int64) * (rank + 1)
+    dist.all_reduce(i)
+    _eq(i, torch.arange(4) * 3)
+    h = torch.full((2,), float(rank + 1), device=dev, dtype=torch.bfloat16)
+    dist.all_reduce(h)
+    _eq(h, torch.full((2,), 3.0, dtype=torch.bfloat16))
+    # A view: the result lands in the viewed storage.
+    base = torch.zeros(2, 4, device=dev)
+    v = base[:, 1]
+    v.fill_(rank + 1.0)
+    dist.all_reduce(v)
+    _eq(base, torch.tensor([[0.0, 3, 0, 0], [0, 3, 0, 0]]))
+    c = torch.full((2,), float(rank))  # a CPU tensor in the same group
+    dist.all_reduce(c)
+    _eq(c, torch.full((2,), 1.0))
+
+    b = torch.arange(5.0, device=dev) if rank == 1 else torch.zeros(5, device=dev)
+    dist.broadcast(b, src=1)
+    _eq(b, torch.arange(5.0))
+
+    g = [torch.empty(2, device=dev) for _ in range(w)]
+    dist.all_gather(g, torch.full((2,), float(rank), device=dev))
+    for r in range(w):
+        _eq(g[r], torch.full((2,), float(r)))
+    out = torch.empty(w * 3, device=dev)
+    dist.all_gather_into_tensor(out, torch.arange(3.0, device=dev) + 10 * rank)
+    _eq(out, torch.tensor([0.0, 1, 2, 10, 11, 12]))
+
+    rs = torch.empty(2, device=dev)
+    dist.reduce_scatter_tensor(rs, torch.arange(4.0, device=dev) * (rank + 1))
+    _eq(rs, torch.arange(4.0).view(w, 2)[rank] * 3)
+    rs_avg = torch.empty(2, device=dev)
+    dist.reduce_scatter_tensor(rs_avg, torch.arange(4.0, device=dev) * (rank + 1), op=dist.ReduceOp.AVG)
+    _eq(rs_avg, torch.arange(4.0).view(w, 2)[rank] * 1.5)
+
+    red = torch.full((2,), float(rank + 1), device=dev)
+    dist.reduce(red, dst=0)
+    if rank == 0:
+        _eq(red, torch.full((2,), 3.0))
+
+    gl = [torch.empty(2, device=dev) for _ in range(w)] if rank == 0 else None
+    dist.gather(torch.full((2,), float(rank + 5), device=dev), gl, dst=0)
+    if rank == 0:
+        _eq(torch.stack(gl), torch.tensor([[5.0, 5], [6, 6]]))
+
+    sc = torch.empty(2, device=dev)
+    dist.scatter(sc, [torch.full((2,), float(r + 7), device=dev) for r in range(w)] if rank == 0 else None, src=0)
+    _eq(sc, torch.full((2,), float(rank + 7)))
+
+    a2a = torch.empty(4, device=dev)
+    dist.all_to_all_single(a2a, torch.arange(4.0, device=dev) + 10 * rank)
+    want = torch.tensor([[0.0, 1, 10, 11], [2, 3, 12, 13]])[rank]
+    _eq(a2a, want)
+
+    if rank == 0:
+        dist.send(torch.tensor([7.0, 8.0], device=dev), dst=1)
+    else:
+        t = torch.zeros(2, device=dev)
+        dist.recv(t, src=0)
+        _eq(t, torch.tensor([7.0, 8.0]))
+
+    objs = [{"rank": rank}]
+    dist.broadcast_object_list(objs, src=1)
+    assert objs == [{"rank": 1}], objs
+    dist.barrier()
+
+    try:
+        dist.all_reduce(torch.ones(2, device=dev, dtype=torch.int64), op=dist.ReduceOp.AVG)
+    except Exception as e:  # noqa: BLE001
+        assert "ReduceOp.AVG" in str(e) and "floating" in str(e), str(e)
+    else:
+        raise AssertionError("AVG of int64 tensors did not raise")
+
+
+def _data():
+    torch.manual_seed(1)
+    return torch.randn(8, 8), torch.randn(8, 4)
+
+
+def _mlp():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4))
+
+
+def _cpu_reference(steps=3):
+    X, Y = _data()
+    m = _mlp()
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
+    losses = []
+    for _ in range(steps):
+        opt.zero_grad()
+        loss = F.mse_loss(m(X), Y)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return m.state_dict(), losses
+
+
+def _train_shard(model, rank, dev, steps=3):
+    """Each rank trains on its half of the batch; the mean of the halves'
+    losses is the whole batch's loss."""
+    X, Y = _data()
+    xs, ys = X.chunk(WORLD)[rank].to(dev), Y.chunk(WORLD)[rank].to(dev)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    losses = []
+    for _ in range(steps):
+        opt.zero_grad()
+        loss = F.mse_loss(model(xs), ys)
+        loss.backward()
+        opt.step()
+        t = loss.detach().clone()
+        dist.all_reduce(t, op=dist.ReduceOp.AVG)
+        losses.append(t.item())
+    return losses
+
+
+def _check_against_cpu(state, losses):
+    ref_state, ref_losses = _cpu_reference(len(losses))
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), rtol=1e-5, atol=1e-6)
+    for k, v in ref_state.items():
+        torch.testing.assert_close(state[k], v, rtol=1e-4, atol=1e-5, msg=lambda m: f"{k}: {m}")
+
+
+def ddp(rank, dev):
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    m = _mlp()
+    if rank == 1:  # DDP broadcasts rank 0's parameters at construction
+        with torch.no_grad():
+            for p in m.parameters():
+                p.add_(1.0)
+    m = DDP(m.to(dev), device_ids=[dev.index])
+    losses = _train_shard(m, rank, dev)
+    _check_against_cpu({k.removeprefix("module."): v.cpu() for k, v in m.state_dict().items()}, losses)
+
+
+def ddp_compiled(rank, dev):
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    # The module compiled, then wrapped: torch.compile of the DDP wrapper
+    # itself compiles no graph in torch 2.13, on the CPU with Gloo as here
+    # (Dynamo skips DDP's forward).
+    inner = _mlp().to(dev)
+    m = DDP(torch.compile(inner, backend="tpu"), device_ids=[dev.index])
+    before = torch_pjrt.metrics()["graphs_lowered"]
+    losses = _train_shard(m, rank, dev)
+    assert torch_pjrt.metrics()["graphs_lowered"] > before, "no graph was compiled"
+    _check_against_cpu({k: v.cpu() for k, v in inner.state_dict().items()}, losses)
+
+
+def fsdp2(rank, dev):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh("tpu", (WORLD,))
+    m = _mlp().to(dev)
+    for layer in m:
+        if isinstance(layer, torch.nn.Linear):
+            fully_shard(layer, mesh=mesh)
+    fully_shard(m, mesh=mesh)
+    losses = _train_shard(m, rank, dev)
+    assert m[0].weight.to_local().shape == (8, 8), m[0].weight.to_local().shape  # sharded by rows
+    _check_against_cpu({k: v.full_tensor().cpu() for k, v in m.state_dict().items()}, losses)
+
+
+def tensor_parallel(rank, dev):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    mesh = init_device_mesh("tpu", (WORLD,))
+    m = parallelize_module(_mlp().to(dev), mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+    X, Y = _data()
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
+    losses = []
+    for _ in range(3):  # every rank sees the whole batch; the layers are split
+        opt.zero_grad()
+        loss = F.mse_loss(m(X.to(dev)), Y.to(dev))
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert m[0].weight.to_local().shape == (8, 8), m[0].weight.to_local().shape
+    _check_against_cpu({k: v.full_tensor().cpu() for k, v in m.state_dict().items()}, losses)
+
+
+SCENARIOS = {f.__name__: f for f in (collectives, ddp, ddp_compiled, fsdp2, tensor_parallel)}
+
+
+def run(rank, init_file, out_dir):
+    # A scenario that fails in one rank leaves the other waiting in a
+    # collective: Gloo's timeout ends it.
+    dist.init_process_group("tpu", init_method=f"file://{init_file}", rank=rank, world_size=WORLD,
+                            timeout=datetime.timedelta(seconds=120))
+    assert dist.get_backend() == "tpu", dist.get_backend()
+    torch.tpu.set_device(rank)
+    dev = torch.device("tpu", rank)
+    results = {}
+    for name, f in SCENARIOS.items():
+        try:
+            f(rank, dev)
+            results[name] = None
+        except Exception:  # noqa: BLE001
+            results[name] = traceback.format_exc()
+        dist.barrier()
+    dist.destroy_process_group()
+    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as fh:
+        json.dump(results, fh)

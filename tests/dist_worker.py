@@ -217,7 +217,29 @@ def tensor_parallel(rank, dev):
     _check_against_cpu({k: v.full_tensor().cpu() for k, v in m.state_dict().items()}, losses)
 
 
-SCENARIOS = {f.__name__: f for f in (collectives, ddp, ddp_compiled, fsdp2, tensor_parallel)}
+def compiled_collectives(rank, dev):
+    """Collectives in a compiled function run between its programs."""
+    import warnings
+
+    import torch.distributed._functional_collectives as fc
+
+    @torch.compile(backend="tpu")
+    def f(x):
+        y = x * 2
+        dist.all_reduce(y)
+        return fc.all_gather_tensor(y + 1, 0, dist.group.WORLD) * 3
+
+    before = torch_pjrt.metrics()["graphs_split"]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = f(torch.full((2,), float(rank + 1), device=dev))
+    _eq(out, torch.full((4,), 21.0))  # ((1 + 2) * 2 + 1) * 3 on every rank
+    assert torch_pjrt.metrics()["graphs_split"] > before, "the graph was not split around the collectives"
+    noisy = [str(w.message) for w in caught if "torch-pjrt" in str(w.message)]
+    assert not noisy, noisy
+
+
+SCENARIOS = {f.__name__: f for f in (collectives, compiled_collectives, ddp, ddp_compiled, fsdp2, tensor_parallel)}
 
 
 def run(rank, init_file, out_dir):

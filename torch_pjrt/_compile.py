@@ -1302,10 +1302,15 @@ def _compile_graph(gm, example_inputs):
             split, cut = split
             with _lock:
                 _graph_counts["graphs_split"] += 1
-            what = ", ".join(sorted({_qualname(n.target) if isinstance(n.target, torch._ops.OpOverload)
-                                     else getattr(n.target, "__name__", str(n.target))
-                                     for n in gm.graph.nodes if n.name in cut}))
-            if ("split", what) not in _warned:
+            names = sorted({_qualname(n.target) if isinstance(n.target, torch._ops.OpOverload)
+                            else getattr(n.target, "__name__", str(n.target))
+                            for n in gm.graph.nodes if n.name in cut})
+            what = ", ".join(names)
+            # torch.distributed's collectives run between programs by design
+            # (the "tpu" backend relays them through Gloo, docs/architecture.md
+            # "Distributed"): nothing to warn about.
+            collectives = all(name.startswith("_c10d_functional::") for name in names)
+            if not collectives and ("split", what) not in _warned:
                 _warned.add(("split", what))
                 warnings.warn(f"torch-pjrt: running {what} eagerly between compiled programs "
                               f"(compiled mode cannot lower it yet).", stacklevel=2)

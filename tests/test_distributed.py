@@ -41,7 +41,7 @@ def test_backend_is_registered():
 
 
 def test_torchrun_ddp_example_matches_cpu():
-    """examples/mingpt_ddp.py under torchrun, written as for CUDA: LOCAL_RANK
+    """examples/mingpt_ddp.py --compile under torchrun, written as for CUDA: LOCAL_RANK
     picks tpu:<local rank> (the CPU plugin exposes LOCAL_WORLD_SIZE devices)
     and init_process_group() without a backend takes "tpu"."""
     import subprocess
@@ -50,7 +50,7 @@ def test_torchrun_ddp_example_matches_cpu():
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = {k: v for k, v in os.environ.items() if k != "TORCH_PJRT_CPU_DEVICES"}
     r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone",
-                        os.path.join(root, "examples", "mingpt_ddp.py"), "--steps", "5"],
+                        os.path.join(root, "examples", "mingpt_ddp.py"), "--steps", "5", "--compile"],
                        capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "2 ranks on tpu vs 1 process on cpu" in r.stdout and "(OK" in r.stdout, r.stdout

@@ -198,6 +198,39 @@ def fsdp2(rank, dev):
     _check_against_cpu({k: v.full_tensor().cpu() for k, v in m.state_dict().items()}, losses)
 
 
+def fsdp2_checkpoint(rank, dev):
+    """clip_grad_norm_ over sharded gradients, and a distributed checkpoint
+    (torch.distributed.checkpoint) of the sharded model and optimizer saved
+    and loaded back."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh("tpu", (WORLD,))
+    m = fully_shard(_mlp().to(dev), mesh=mesh)
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
+    X, Y = _data()
+    F.mse_loss(m(X.chunk(WORLD)[rank].to(dev)), Y.chunk(WORLD)[rank].to(dev)).backward()
+    norm = torch.nn.utils.clip_grad_norm_(m.parameters(), 0.1).full_tensor()
+    ref = _mlp()
+    F.mse_loss(ref(X), Y).backward()
+    _eq(norm, torch.nn.utils.clip_grad_norm_(ref.parameters(), 0.1))
+    opt.step()
+    saved = {k: v.full_tensor().cpu() for k, v in m.state_dict().items()}
+    msd, osd = get_state_dict(m, opt)
+    path = os.path.join(_OUT_DIR, "checkpoint")
+    dcp.save({"model": msd, "optim": osd}, checkpoint_id=path)
+    with torch.no_grad():
+        for p in m.parameters():
+            p.zero_()
+    msd, osd = get_state_dict(m, opt)
+    dcp.load({"model": msd, "optim": osd}, checkpoint_id=path)
+    set_state_dict(m, opt, model_state_dict=msd, optim_state_dict=osd)
+    for k, v in m.state_dict().items():
+        assert torch.equal(v.full_tensor().cpu(), saved[k]), k
+
+
 def tensor_parallel(rank, dev):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
@@ -239,10 +272,15 @@ def compiled_collectives(rank, dev):
     assert not noisy, noisy
 
 
-SCENARIOS = {f.__name__: f for f in (collectives, compiled_collectives, ddp, ddp_compiled, fsdp2, tensor_parallel)}
+SCENARIOS = {f.__name__: f for f in (collectives, compiled_collectives, ddp, ddp_compiled, fsdp2, fsdp2_checkpoint, tensor_parallel)}
+
+
+_OUT_DIR = None  # the run's temporary directory (scenarios write files there)
 
 
 def run(rank, init_file, out_dir):
+    global _OUT_DIR
+    _OUT_DIR = out_dir
     # A scenario that fails in one rank leaves the other waiting in a
     # collective: Gloo's timeout ends it.
     dist.init_process_group("tpu", init_method=f"file://{init_file}", rank=rank, world_size=WORLD,

@@ -278,20 +278,22 @@ SCENARIOS = {f.__name__: f for f in (collectives, compiled_collectives, ddp, ddp
 _OUT_DIR = None  # the run's temporary directory (scenarios write files there)
 
 
-def run(rank, init_file, out_dir):
+def run(rank, init_file, out_dir, backend="tpu", names=None):
+    """Run the scenarios `names` (default: all) in a group made with
+    init_process_group(backend) (None: no backend named, as under torchrun)."""
     global _OUT_DIR
     _OUT_DIR = out_dir
     # A scenario that fails in one rank leaves the other waiting in a
     # collective: Gloo's timeout ends it.
-    dist.init_process_group("tpu", init_method=f"file://{init_file}", rank=rank, world_size=WORLD,
+    dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank, world_size=WORLD,
                             timeout=datetime.timedelta(seconds=120))
-    assert dist.get_backend() == "tpu", dist.get_backend()
+    assert dist.get_backend() == (backend or "undefined"), dist.get_backend()
     torch.tpu.set_device(rank)
     dev = torch.device("tpu", rank)
     results = {}
-    for name, f in SCENARIOS.items():
+    for name in names or SCENARIOS:
         try:
-            f(rank, dev)
+            SCENARIOS[name](rank, dev)
             results[name] = None
         except Exception:  # noqa: BLE001
             results[name] = traceback.format_exc()

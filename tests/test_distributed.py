@@ -14,11 +14,10 @@ import torch.multiprocessing as mp
 import dist_worker
 
 
-@pytest.fixture(scope="module")
-def results(tmp_path_factory):
-    d = tmp_path_factory.mktemp("dist")
-    ctx = mp.start_processes(dist_worker.run, args=(str(d / "store"), str(d)), nprocs=dist_worker.WORLD,
-                             join=False, start_method="spawn")
+def _run_ranks(d, backend="tpu", names=None):
+    """Every rank's {scenario: None or its traceback}."""
+    ctx = mp.start_processes(dist_worker.run, args=(str(d / "store"), str(d), backend, names),
+                             nprocs=dist_worker.WORLD, join=False, start_method="spawn")
     deadline = time.monotonic() + 600
     while not ctx.join(timeout=5):
         if time.monotonic() > deadline:
@@ -28,10 +27,29 @@ def results(tmp_path_factory):
     return [json.load(open(d / f"rank{r}.json")) for r in range(dist_worker.WORLD)]
 
 
-@pytest.mark.parametrize("name", sorted(dist_worker.SCENARIOS))
-def test_scenario(results, name):
+def _check(results, name):
     for rank, res in enumerate(results):
         assert res[name] is None, f"rank {rank}:\n{res[name]}"
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    return _run_ranks(tmp_path_factory.mktemp("dist"))
+
+
+@pytest.mark.parametrize("name", sorted(dist_worker.SCENARIOS))
+def test_scenario(results, name):
+    _check(results, name)
+
+
+@pytest.mark.parametrize("backend", ["gloo", None])
+def test_gloo_and_default_groups_serve_tpu_tensors(tmp_path, backend):
+    """init_process_group("gloo") (what scripts pick without CUDA) and
+    init_process_group() without a backend: tpu tensors, CPU tensors and
+    DDP work in both."""
+    results = _run_ranks(tmp_path, backend, ["collectives", "ddp"])
+    _check(results, "collectives")
+    _check(results, "ddp")
 
 
 def test_backend_is_registered():

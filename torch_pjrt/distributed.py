@@ -6,7 +6,8 @@
 
 Importing torch_pjrt registers the backend.  Collectives on "tpu" tensors
 run through Gloo on host copies (csrc/dist/backend.cpp); CPU tensors in the
-same group go to Gloo directly.  Each call finishes before it returns.
+same group go to Gloo directly.  Each call finishes before it returns.  A
+group made with "gloo" serves tpu tensors the same way.
 """
 import torch
 import torch.distributed as dist
@@ -35,25 +36,45 @@ def _create(store, rank, size, timeout):
     return _dist().TpuBackend(gloo, rank, size)
 
 
-def _default_to_tpu(helper):
-    """init_process_group() without a backend maps the accelerator, "tpu", to
-    this backend, but then names Gloo the group's default backend (PyTorch
-    picks NCCL if it is in the map, else Gloo), which is not in the group:
-    DDP then fails with "Could not find backend type 1 for Process Group".
-    A group whose default backend is missing and that has a "tpu" backend
-    gets it as the default, as a CUDA group gets NCCL."""
+def _backend_for(pg, device):
+    try:
+        return pg._get_backend(torch.device(device))
+    except RuntimeError:  # "No backend type associated with device type ..."
+        return None
+
+
+def _complete(pg):
+    """Give a new group what a "tpu" user needs of it:
+
+    - A Gloo group (init_process_group("gloo"), as scripts choose when CUDA
+      is absent) gets a "tpu" backend relaying through its Gloo backend, so
+      tpu tensors work in it as they do in a "tpu" group.
+    - init_process_group() without a backend maps only the accelerator,
+      "tpu", to this backend, and then names Gloo the group's default (PyTorch
+      picks NCCL if it is in the map, else Gloo), which the group lacks: DDP
+      failed with "Could not find backend type 1 for Process Group". Such a
+      group gets the tpu backend as its default, as a CUDA group gets NCCL,
+      and for CPU tensors too, as init_process_group("tpu") has it.
+    """
+    types = dist.ProcessGroup.BackendType
+    if not isinstance(pg, dist.ProcessGroup):
+        return
+    tpu, cpu = _backend_for(pg, BACKEND), _backend_for(pg, "cpu")
+    if tpu is None and isinstance(cpu, dist.ProcessGroupGloo):
+        pg._register_backend(torch.device(BACKEND), types.CUSTOM, _dist().TpuBackend(cpu, pg.rank(), pg.size()))
+    elif isinstance(tpu, _dist().TpuBackend) and not _has(pg, types.GLOO):
+        pg._set_default_backend(types.CUSTOM)
+        if cpu is None:
+            pg._register_backend(torch.device("cpu"), types.CUSTOM, tpu)
+
+
+def _completing(helper):
     import functools
 
     @functools.wraps(helper)
     def wrapper(*args, **kwargs):
         pg, store = helper(*args, **kwargs)
-        types = dist.ProcessGroup.BackendType
-        if isinstance(pg, dist.ProcessGroup) and _has(pg, types.CUSTOM) and not _has(pg, types.GLOO):
-            try:
-                if isinstance(pg._get_backend(torch.device(BACKEND)), _dist().TpuBackend):
-                    pg._set_default_backend(types.CUSTOM)
-            except RuntimeError:  # no "tpu" backend in this group
-                pass
+        _complete(pg)
         return pg, store
 
     wrapper._torch_pjrt = True
@@ -69,4 +90,4 @@ def install():
         dist.Backend.register_backend(BACKEND, _create, devices=["cpu", BACKEND])
     c10d = dist.distributed_c10d
     if not getattr(c10d._new_process_group_helper, "_torch_pjrt", False):
-        c10d._new_process_group_helper = _default_to_tpu(c10d._new_process_group_helper)
+        c10d._new_process_group_helper = _completing(c10d._new_process_group_helper)

@@ -45,6 +45,12 @@ def collectives(rank, dev):
     v.fill_(rank + 1.0)
     dist.all_reduce(v)
     _eq(base, torch.tensor([[0.0, 3, 0, 0], [0, 3, 0, 0]]))
+    # A parameter (a leaf that requires grad), outside no_grad, as Gloo takes it.
+    p = torch.nn.Parameter(torch.full((2,), float(rank + 1), device=dev))
+    dist.all_reduce(p, op=dist.ReduceOp.AVG)
+    dist.broadcast(p, src=0)
+    _eq(p.detach(), torch.full((2,), 1.5))
+    assert p.requires_grad and p.grad_fn is None
     c = torch.full((2,), float(rank))  # a CPU tensor in the same group
     dist.all_reduce(c)
     _eq(c, torch.full((2,), 1.0))

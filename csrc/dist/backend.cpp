@@ -27,8 +27,14 @@ namespace {
 
 bool on_tpu(const at::Tensor& t) { return t.device().type() == c10::DeviceType::PrivateUse1; }
 
+// The copies below are not autograd's business: Gloo writes a CPU tensor's
+// memory directly, parameters that require grad included, and so must the
+// relay (an in-place copy_ into a leaf that requires grad would raise).
 // The tensor Gloo works on: a host copy of a "tpu" tensor, else itself.
-at::Tensor host(const at::Tensor& t) { return on_tpu(t) ? t.cpu() : t; }
+at::Tensor host(const at::Tensor& t) {
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
+  return on_tpu(t) ? t.cpu() : t;
+}
 
 std::vector<at::Tensor> host(const std::vector<at::Tensor>& v) {
   std::vector<at::Tensor> out;
@@ -45,6 +51,7 @@ std::vector<std::vector<at::Tensor>> host(const std::vector<std::vector<at::Tens
 }
 
 void put_back(at::Tensor& dst, const at::Tensor& src) {
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
   if (!dst.is_same(src)) dst.copy_(src);
 }
 
@@ -84,6 +91,7 @@ void average(std::vector<at::Tensor>& ts, int size) {
     TORCH_CHECK(t.is_floating_point() || t.is_complex(),
                 "ReduceOp.AVG on the tpu backend needs floating-point tensors, got ", t.scalar_type(),
                 "; use ReduceOp.SUM and divide");
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
     t.div_(size);
   }
 }

@@ -2,7 +2,9 @@
 grouped-query attention and a SwiGLU MLP, or with n_experts > 0 a
 mixture of SwiGLU experts (Mixtral/Qwen-MoE style: top-k routing, tokens
 sorted by expert and multiplied with torch.nn.functional.grouped_mm).
-Random init from a config."""
+The options Qwen's models add (q/k/v biases, RMSNorm of each head's q and k,
+a head size of its own, tied embeddings, scaled_dot_product_attention) are
+config fields; examples/qwen.py sets them.  Random init from a config."""
 from dataclasses import dataclass
 
 import torch
@@ -23,6 +25,15 @@ class LlamaConfig:
     norm_eps: float = 1e-5
     n_experts: int = 0  # 0: a dense MLP
     top_k: int = 2
+    head_dim: int = 0  # 0: dim // n_heads
+    qkv_bias: bool = False  # Qwen2
+    qk_norm: bool = False  # Qwen3: RMSNorm over each head's q and k, before the rotation
+    tie_embeddings: bool = False  # the output projection shares the embedding's weight
+    sdpa: bool = False  # F.scaled_dot_product_attention instead of an explicit softmax
+
+    @property
+    def head_size(self):
+        return self.head_dim or self.dim // self.n_heads
 
 
 class RMSNorm(nn.Module):
@@ -36,7 +47,7 @@ class RMSNorm(nn.Module):
 
 
 def rope_tables(cfg: LlamaConfig):
-    head_dim = cfg.dim // cfg.n_heads
+    head_dim = cfg.head_size
     inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, head_dim, 2).float() / head_dim))
     t = torch.arange(cfg.max_seq_len).float()
     freqs = torch.outer(t, inv)  # (T, head_dim/2)
@@ -55,27 +66,32 @@ def apply_rope(x, cos, sin):
 class Attention(nn.Module):
     def __init__(self, cfg: LlamaConfig):
         super().__init__()
-        self.n_heads, self.n_kv = cfg.n_heads, cfg.n_kv_heads
-        self.head_dim = cfg.dim // cfg.n_heads
-        self.wq = nn.Linear(cfg.dim, cfg.n_heads * self.head_dim, bias=False)
-        self.wk = nn.Linear(cfg.dim, cfg.n_kv_heads * self.head_dim, bias=False)
-        self.wv = nn.Linear(cfg.dim, cfg.n_kv_heads * self.head_dim, bias=False)
+        self.n_heads, self.n_kv, self.sdpa = cfg.n_heads, cfg.n_kv_heads, cfg.sdpa
+        self.head_dim = cfg.head_size
+        self.wq = nn.Linear(cfg.dim, cfg.n_heads * self.head_dim, bias=cfg.qkv_bias)
+        self.wk = nn.Linear(cfg.dim, cfg.n_kv_heads * self.head_dim, bias=cfg.qkv_bias)
+        self.wv = nn.Linear(cfg.dim, cfg.n_kv_heads * self.head_dim, bias=cfg.qkv_bias)
         self.wo = nn.Linear(cfg.n_heads * self.head_dim, cfg.dim, bias=False)
+        self.q_norm = RMSNorm(self.head_dim, cfg.norm_eps) if cfg.qk_norm else nn.Identity()
+        self.k_norm = RMSNorm(self.head_dim, cfg.norm_eps) if cfg.qk_norm else nn.Identity()
 
     def forward(self, x, cos, sin):
         B, T, _ = x.shape
-        q = self.wq(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
-        k = self.wk(x).view(B, T, self.n_kv, self.head_dim).transpose(1, 2)
+        q = self.q_norm(self.wq(x).view(B, T, self.n_heads, self.head_dim)).transpose(1, 2)
+        k = self.k_norm(self.wk(x).view(B, T, self.n_kv, self.head_dim)).transpose(1, 2)
         v = self.wv(x).view(B, T, self.n_kv, self.head_dim).transpose(1, 2)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        rep = self.n_heads // self.n_kv
-        k = k.repeat_interleave(rep, dim=1)
-        v = v.repeat_interleave(rep, dim=1)
-        att = (q @ k.transpose(-2, -1)) / (self.head_dim ** 0.5)
-        mask = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
-        att = att.masked_fill(~mask, float("-inf")).softmax(dim=-1)
-        y = (att @ v).transpose(1, 2).reshape(B, T, -1)
-        return self.wo(y)
+        if self.sdpa:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        else:
+            rep = self.n_heads // self.n_kv
+            k = k.repeat_interleave(rep, dim=1)
+            v = v.repeat_interleave(rep, dim=1)
+            att = (q @ k.transpose(-2, -1)) / (self.head_dim ** 0.5)
+            mask = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
+            att = att.masked_fill(~mask, float("-inf")).softmax(dim=-1)
+            y = att @ v
+        return self.wo(y.transpose(1, 2).reshape(B, T, -1))
 
 
 class FeedForward(nn.Module):
@@ -140,6 +156,9 @@ class Llama(nn.Module):
         self.layers = nn.ModuleList([Block(cfg) for _ in range(cfg.n_layers)])
         self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.out = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
+        if cfg.tie_embeddings:  # scaled as an output projection (N(0, 1) would give logits of std sqrt(dim))
+            nn.init.normal_(self.tok.weight, std=cfg.dim ** -0.5)
+            self.out.weight = self.tok.weight
         cos, sin = rope_tables(cfg)
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)

@@ -2,6 +2,7 @@
 import os
 import sys
 
+import pytest
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples"))
@@ -9,6 +10,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 import dlrm  # noqa: E402
 import llama  # noqa: E402
 import mingpt  # noqa: E402
+import qwen  # noqa: E402
 from util import all_graphs_lowered, one_program_per_call  # noqa: E402
 
 REL = 1e-4  # relative loss difference allowed at every step
@@ -36,6 +38,22 @@ def test_mixture_of_experts_llama_eager_and_compiled_match_cpu():
     with all_graphs_lowered():
         _close(llama.train("tpu", 10, cfg, compile=True), cpu)
     assert cpu[-1] < cpu[0]
+
+
+@pytest.mark.parametrize("name", sorted(qwen.CONFIGS))
+def test_qwen_eager_and_compiled_match_cpu(name):
+    """examples/qwen.py's decoders: q/k/v biases (Qwen2), per-head q/k
+    RMSNorm and an independent head size (Qwen3), routed experts (Qwen3-MoE),
+    tied embeddings and grouped-query causal SDPA, 10 AdamW steps; the
+    compiled step is one program per graph."""
+    make = qwen.CONFIGS[name]
+    cpu = llama.train("cpu", 10, make())
+    _close(llama.train("tpu", 10, make()), cpu)
+    with all_graphs_lowered():
+        _close(llama.train("tpu", 10, make(), compile=True), cpu)
+    m = llama.Llama(make())
+    assert m.out.weight is m.tok.weight
+    assert m.to("tpu").out.weight is m.tok.weight  # the tie survives the move
 
 
 def test_llama_forward_compiled_matches_cpu():

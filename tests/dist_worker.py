@@ -95,10 +95,14 @@ def collectives(rank, dev):
 
     if rank == 0:
         dist.send(torch.tensor([7.0, 8.0], device=dev), dst=1)
+        dist.send(torch.tensor([9.0], device=dev), dst=1)
     else:
         t = torch.zeros(2, device=dev)
         dist.recv(t, src=0)
         _eq(t, torch.tensor([7.0, 8.0]))
+        t = torch.zeros(1, device=dev)
+        assert dist.recv(t) == 0  # from any source: returns the sender
+        _eq(t, torch.tensor([9.0]))
 
     objs = [{"rank": rank}]
     dist.broadcast_object_list(objs, src=1)

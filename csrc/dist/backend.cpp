@@ -77,6 +77,17 @@ std::vector<at::Tensor> flat(const std::vector<std::vector<at::Tensor>>& v) {
   return out;
 }
 
+// A finished receive from any source: says which rank sent
+// (dist.recv(src=None) returns it).
+class Received final : public c10d::Work {
+ public:
+  explicit Received(int source) : c10d::Work(-1, c10d::OpType::RECVANYSOURCE), source_(source) { finish(); }
+  int sourceRank() const override { return source_; }
+
+ private:
+  int source_;
+};
+
 // Gloo has no AVG: it is run as SUM, and the results are divided here.
 bool is_avg(const c10d::ReduceOp& op) { return op == c10d::ReduceOp::AVG; }
 
@@ -260,8 +271,8 @@ class TpuBackend final : public c10d::Backend {
     auto w = gloo_->recvAnysource(h, tag);
     w->wait();
     put_back(ts, h);
-    // The Work says which rank sent (dist.recv(src=None) returns it).
-    return w;
+    // Not Gloo's Work: waiting on it again would wait for another message.
+    return c10::make_intrusive<Received>(w->sourceRank());
   }
 
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& o) override {

@@ -42,11 +42,11 @@ def test_scenario(results, name):
     _check(results, name)
 
 
-@pytest.mark.parametrize("backend", ["gloo", None])
-def test_gloo_and_default_groups_serve_tpu_tensors(tmp_path, backend):
-    """init_process_group("gloo") (what scripts pick without CUDA) and
-    init_process_group() without a backend: tpu tensors, CPU tensors and
-    DDP work in both."""
+@pytest.mark.parametrize("backend", ["gloo", None, "cpu:gloo,tpu:tpu"])
+def test_other_groups_serve_tpu_tensors(tmp_path, backend):
+    """init_process_group("gloo") (what scripts pick without CUDA),
+    init_process_group() without a backend, and one backend per device:
+    tpu tensors, CPU tensors and DDP work in each."""
     results = _run_ranks(tmp_path, backend, ["collectives", "ddp"])
     _check(results, "collectives")
     _check(results, "ddp")

@@ -55,6 +55,8 @@ def _complete(pg):
       failed with "Could not find backend type 1 for Process Group". Such a
       group gets the tpu backend as its default, as a CUDA group gets NCCL,
       and for CPU tensors too, as init_process_group("tpu") has it.
+      ("cpu:gloo,tpu:tpu" leaves the default undefined the same way: PyTorch
+      looks for the plugin's upper-case name among lower-case ones.)
     """
     types = dist.ProcessGroup.BackendType
     if not isinstance(pg, dist.ProcessGroup):
@@ -62,8 +64,10 @@ def _complete(pg):
     tpu, cpu = _backend_for(pg, BACKEND), _backend_for(pg, "cpu")
     if tpu is None and isinstance(cpu, dist.ProcessGroupGloo):
         pg._register_backend(torch.device(BACKEND), types.CUSTOM, _dist().TpuBackend(cpu, pg.rank(), pg.size()))
-    elif isinstance(tpu, _dist().TpuBackend) and not _has(pg, types.GLOO):
-        pg._set_default_backend(types.CUSTOM)
+    elif isinstance(tpu, _dist().TpuBackend):
+        default = getattr(types, pg._get_backend_name().upper(), None)
+        if default is None or not _has(pg, default):
+            pg._set_default_backend(types.CUSTOM)
         if cpu is None:
             pg._register_backend(torch.device("cpu"), types.CUSTOM, tpu)
 

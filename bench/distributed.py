@@ -7,9 +7,11 @@ Prints one JSON object (rank 0's times; milliseconds, median of the rounds,
 the modes taking turns, since the machine is shared: read the ratios):
 - "all_reduce": one all_reduce of a float32 tensor per size, tpu and CPU;
 - "ddp_step": a DDP training step of minGPT (examples/mingpt.py, batch 16
-  split across the ranks, AdamW), eager, tpu and CPU.
+  split across the ranks, AdamW): tpu eager and compiled, CPU eager and
+  Inductor (the module compiled, then wrapped in DDP).
 Both ranks share this machine's cores, so the step times are those of two
-training processes at once.
+training processes at once; PyTorch's CPU ops run on one thread per rank, as
+under torchrun (OMP_NUM_THREADS=1).
 """
 import argparse
 import datetime
@@ -73,10 +75,16 @@ def ddp_modes(rank, device):
     x, y = get_batch(data, cfg.block_size, 16, gen)
     x, y = x.chunk(WORLD)[rank], y.chunk(WORLD)[rank]
     modes = {}
-    for where, dev in (("tpu", device), ("cpu", torch.device("cpu"))):
+    for where, dev, backend in (("tpu_eager", device, None), ("tpu_compiled", device, "tpu"),
+                                ("cpu_eager", torch.device("cpu"), None),
+                                ("cpu_inductor", torch.device("cpu"), "inductor")):
         torch.manual_seed(0)
-        model = DDP(GPT(cfg).to(dev), device_ids=[dev.index] if where == "tpu" else None)
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        module = GPT(cfg).to(dev)
+        opt = torch.optim.AdamW(module.parameters(), lr=1e-3)
+        # Compiled: the module compiled, then wrapped (torch.compile(DDP(m))
+        # compiles no graph in torch 2.13; docs/architecture.md).
+        model = DDP(torch.compile(module, backend=backend) if backend else module,
+                    device_ids=[dev.index] if dev.type == "tpu" else None)
         xd, yd = x.to(dev), y.to(dev)
 
         def step(model=model, opt=opt, xd=xd, yd=yd):
@@ -94,6 +102,9 @@ def worker(rank, store, out, iters):
                             timeout=datetime.timedelta(seconds=300))
     device = torch.device("tpu", rank)
     torch.tpu.set_device(rank)
+    # As torchrun sets OMP_NUM_THREADS=1 for several processes per machine:
+    # the CPU modes' ranks do not fight over the cores.
+    torch.set_num_threads(1)
     ar = median_ms(all_reduce_modes(device), iters)
     step = median_ms(ddp_modes(rank, device), max(1, iters // 4))
     if rank == 0:
@@ -105,8 +116,10 @@ def worker(rank, store, out, iters):
             "all_reduce_ms": {label: {"tpu": ar[(label, "tpu")], "cpu_gloo": ar[(label, "cpu")],
                                       "tpu_over_cpu": round(ar[(label, "tpu")] / ar[(label, "cpu")], 3)}
                               for label in SIZES},
-            "ddp_step_ms": {"mingpt": {"tpu_eager": step["tpu"], "cpu_eager": step["cpu"],
-                                       "tpu_over_cpu": round(step["tpu"] / step["cpu"], 3)}},
+            "ddp_step_ms": {"mingpt": {**step,
+                                       "tpu_eager_over_cpu_eager": round(step["tpu_eager"] / step["cpu_eager"], 3),
+                                       "tpu_compiled_over_inductor":
+                                           round(step["tpu_compiled"] / step["cpu_inductor"], 3)}},
         }
         with open(out, "w") as f:
             json.dump(result, f)

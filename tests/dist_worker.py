@@ -104,6 +104,20 @@ def collectives(rank, dev):
         assert dist.recv(t) == 0  # from any source: returns the sender
         _eq(t, torch.tensor([9.0]))
 
+    # Both ends send first (isend), then receive: must not deadlock.
+    nxt, prv = (rank + 1) % w, (rank - 1) % w
+    for where in (dev, "cpu"):
+        out, got = torch.arange(3.0, device=where) + 10 * rank, torch.zeros(3, device=where)
+        req = dist.isend(out, dst=nxt)
+        dist.recv(got, src=prv)
+        req.wait()
+        _eq(got, torch.arange(3.0) + 10 * prv)
+    got = torch.zeros(3, device=dev)
+    for work in dist.batch_isend_irecv([dist.P2POp(dist.isend, torch.full((3,), rank + 0.5, device=dev), nxt),
+                                        dist.P2POp(dist.irecv, got, prv)]):
+        work.wait()
+    _eq(got, torch.full((3,), prv + 0.5))
+
     objs = [{"rank": rank}]
     dist.broadcast_object_list(objs, src=1)
     assert objs == [{"rank": 1}], objs

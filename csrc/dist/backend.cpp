@@ -5,8 +5,9 @@
 // trampoline).  This one moves "tpu" tensors to host memory, runs the
 // collective with Gloo, PyTorch's CPU backend, over the same store, and
 // copies the results back into the "tpu" tensors.  CPU tensors go to Gloo as
-// they are.  Every call finishes before it returns (its Work is complete):
-// nothing here computes or keeps state beyond the Gloo backend it wraps.
+// they are.  Every collective finishes before it returns (its Work is
+// complete); point-to-point sends and receives do not wait.  Nothing here
+// computes or keeps state beyond the Gloo backend it wraps.
 //
 // Why Gloo: the PJRT C API gives a program collectives across the devices of
 // one client (an XLA all-reduce), not across processes, and torchrun starts
@@ -22,6 +23,8 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include <ATen/ATen.h>
+
+#include <mutex>
 
 namespace {
 
@@ -77,16 +80,47 @@ std::vector<at::Tensor> flat(const std::vector<std::vector<at::Tensor>>& v) {
   return out;
 }
 
-// A finished receive from any source: says which rank sent
-// (dist.recv(src=None) returns it).
-class Received final : public c10d::Work {
+// A receive into tpu tensors, in flight: waiting on it waits for Gloo's
+// receive, then copies into the tpu tensors (once; Gloo's own Work must not
+// be waited on twice, a second wait waits for another message).
+class Receiving final : public c10d::Work {
  public:
-  explicit Received(int source) : c10d::Work(-1, c10d::OpType::RECVANYSOURCE), source_(source) { finish(); }
-  int sourceRank() const override { return source_; }
+  Receiving(c10::intrusive_ptr<c10d::Work> gloo, std::vector<at::Tensor> dst, std::vector<at::Tensor> host)
+      : c10d::Work(-1, c10d::OpType::RECV), gloo_(std::move(gloo)), dst_(std::move(dst)), host_(std::move(host)) {}
+
+  bool wait(std::chrono::milliseconds timeout) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!landed_) {
+      gloo_->wait(timeout);
+      put_back(dst_, host_);
+      landed_ = true;
+    }
+    return true;
+  }
+
+  bool isCompleted() override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (landed_) return true;
+    }
+    return gloo_->isCompleted() && wait(std::chrono::milliseconds(0));  // 0: no timeout
+  }
+
+  // The sender, for a receive from any source (dist.recv(src=None)).
+  int sourceRank() const override { return gloo_->sourceRank(); }
 
  private:
-  int source_;
+  c10::intrusive_ptr<c10d::Work> gloo_;
+  std::vector<at::Tensor> dst_, host_;
+  std::mutex mu_;
+  bool landed_ = false;
 };
+
+bool any_on_tpu(const std::vector<at::Tensor>& ts) {
+  for (const auto& t : ts)
+    if (on_tpu(t)) return true;
+  return false;
+}
 
 // Gloo has no AVG: it is run as SUM, and the results are divided here.
 bool is_avg(const c10d::ReduceOp& op) { return op == c10d::ReduceOp::AVG; }
@@ -253,26 +287,26 @@ class TpuBackend final : public c10d::Backend {
     return done(outs);
   }
 
+  // Point-to-point calls do not wait (isend, then recv, from both ends of a
+  // pair must not deadlock): a send hands Gloo a host copy that its Work
+  // keeps alive; a receive into tpu tensors copies them in when waited on.
   c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& ts, int dst, int tag) override {
     auto h = host(ts);
-    gloo_->send(h, dst, tag)->wait();
-    return done(ts);
+    return gloo_->send(h, dst, tag);
   }
 
   c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& ts, int src, int tag) override {
     auto h = host(ts);
-    gloo_->recv(h, src, tag)->wait();
-    put_back(ts, h);
-    return done(ts);
+    auto w = gloo_->recv(h, src, tag);
+    if (!any_on_tpu(ts)) return w;
+    return c10::make_intrusive<Receiving>(w, ts, h);
   }
 
   c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& ts, int tag) override {
     auto h = host(ts);
     auto w = gloo_->recvAnysource(h, tag);
-    w->wait();
-    put_back(ts, h);
-    // Not Gloo's Work: waiting on it again would wait for another message.
-    return c10::make_intrusive<Received>(w->sourceRank());
+    if (!any_on_tpu(ts)) return w;
+    return c10::make_intrusive<Receiving>(w, ts, h);
   }
 
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& o) override {

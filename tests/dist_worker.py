@@ -296,7 +296,32 @@ def compiled_collectives(rank, dev):
     assert not noisy, noisy
 
 
-SCENARIOS = {f.__name__: f for f in (collectives, compiled_collectives, ddp, ddp_compiled, fsdp2, fsdp2_checkpoint, tensor_parallel)}
+def pipeline(rank, dev):
+    """Two pipeline stages (torch.distributed.pipelining, GPipe over two
+    microbatches): the MLP's first layers on rank 0, its last on rank 1;
+    the loss of each microbatch and every gradient against the CPU."""
+    from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
+
+    full = _mlp()
+    part = (full[:2] if rank == 0 else full[2:]).to(dev)
+    schedule = ScheduleGPipe(PipelineStage(part, rank, WORLD, dev), n_microbatches=2, loss_fn=F.mse_loss)
+    X, Y = _data()
+    ref = _mlp()
+    ref_losses = [F.mse_loss(ref(x), y) for x, y in zip(X.chunk(2), Y.chunk(2))]
+    (sum(ref_losses) / 2).backward()  # the schedule averages the microbatches' gradients
+    if rank == 0:
+        schedule.step(X.to(dev))
+    else:
+        losses = []
+        out = schedule.step(target=Y.to(dev), losses=losses)
+        _eq(out, ref(X).detach())
+        _eq(torch.stack(losses), torch.stack(ref_losses).detach())
+    for p, q in zip(part.parameters(), (ref[:2] if rank == 0 else ref[2:]).parameters()):
+        _eq(p.grad, q.grad)
+
+
+SCENARIOS = {f.__name__: f for f in (collectives, compiled_collectives, ddp, ddp_compiled, fsdp2, fsdp2_checkpoint,
+                                      tensor_parallel, pipeline)}
 
 
 _OUT_DIR = None  # the run's temporary directory (scenarios write files there)

@@ -74,6 +74,19 @@ def collectives(rank, dev):
     dist.reduce_scatter_tensor(rs_avg, torch.arange(4.0, device=dev) * (rank + 1), op=dist.ReduceOp.AVG)
     _eq(rs_avg, torch.arange(4.0).view(w, 2)[rank] * 1.5)
 
+    rsl = torch.empty(2, device=dev)
+    dist.reduce_scatter(rsl, [torch.full((2,), float(r + rank), device=dev) for r in range(w)])
+    _eq(rsl, torch.full((2,), float(2 * rank + 1)))  # sum over ranks q of (rank + q)
+    a2l = [torch.empty(1, device=dev) for _ in range(w)]
+    dist.all_to_all(a2l, [torch.tensor([10.0 * rank + r], device=dev) for r in range(w)])
+    _eq(torch.cat(a2l), torch.tensor([10.0 * q + rank for q in range(w)]))
+    # Coalesced all-gathers (all_gather_into_tensor_coalesced):
+    outs = [torch.empty(2, device=dev) for _ in range(2)]
+    with dist._coalescing_manager(async_ops=False):
+        for i in range(2):
+            dist.all_gather_into_tensor(outs[i], torch.full((1,), float(rank + 10 * i), device=dev))
+    _eq(torch.stack(outs), torch.tensor([[0.0, 1], [10, 11]]))
+
     red = torch.full((2,), float(rank + 1), device=dev)
     dist.reduce(red, dst=0)
     if rank == 0:

@@ -74,6 +74,9 @@ c10::intrusive_ptr<c10d::Work> done(const std::vector<at::Tensor>& outputs) {
   return c10d::Work::create_from_future(fut);
 }
 
+// Every output tensor, for a Work's future.
+std::vector<at::Tensor> flat(const at::Tensor& t) { return {t}; }
+std::vector<at::Tensor> flat(const std::vector<at::Tensor>& v) { return v; }
 std::vector<at::Tensor> flat(const std::vector<std::vector<at::Tensor>>& v) {
   std::vector<at::Tensor> out;
   for (const auto& l : v) out.insert(out.end(), l.begin(), l.end());
@@ -122,7 +125,7 @@ bool any_on_tpu(const std::vector<at::Tensor>& ts) {
   return false;
 }
 
-// Gloo has no AVG: it is run as SUM, and the results are divided here.
+// Gloo has no AVG: it runs as SUM, and the results are divided here.
 bool is_avg(const c10d::ReduceOp& op) { return op == c10d::ReduceOp::AVG; }
 
 template <class Opts>
@@ -131,7 +134,7 @@ Opts gloo_opts(Opts opts) {
   return opts;
 }
 
-void average(std::vector<at::Tensor>& ts, int size) {
+void average(std::vector<at::Tensor> ts, int size) {
   for (auto& t : ts) {
     TORCH_CHECK(t.is_floating_point() || t.is_complex(),
                 "ReduceOp.AVG on the tpu backend needs floating-point tensors, got ", t.scalar_type(),
@@ -141,6 +144,30 @@ void average(std::vector<at::Tensor>& ts, int size) {
   }
 }
 
+// One collective through Gloo: `run(outputs, inputs)` on host copies, waited
+// for; with `divide`, the outputs divided by `size` (AVG); then the results
+// copied into the tpu outputs.
+template <class Outs, class Ins, class Run>
+c10::intrusive_ptr<c10d::Work> relay(Outs& outs, Ins& ins, Run run, bool divide = false, int size = 1) {
+  auto ho = host(outs);
+  auto hi = host(ins);
+  run(ho, hi)->wait();
+  if (divide) average(flat(ho), size);
+  put_back(outs, ho);
+  return done(flat(outs));
+}
+
+// The same for a collective in place (broadcast, all_reduce, reduce): one
+// host copy is its input and output.
+template <class Run>
+c10::intrusive_ptr<c10d::Work> relay(std::vector<at::Tensor>& ts, Run run, bool divide = false, int size = 1) {
+  auto h = host(ts);
+  run(h)->wait();
+  if (divide) average(h, size);
+  put_back(ts, h);
+  return done(ts);
+}
+
 class TpuBackend final : public c10d::Backend {
  public:
   TpuBackend(c10::intrusive_ptr<c10d::Backend> gloo, int rank, int size)
@@ -148,168 +175,105 @@ class TpuBackend final : public c10d::Backend {
 
   const std::string getBackendName() const override { return "tpu"; }
 
-  c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& ts, const c10d::BroadcastOptions& o) override {
-    auto h = host(ts);
-    gloo_->broadcast(h, o)->wait();
-    put_back(ts, h);
-    return done(ts);
+  using Work = c10::intrusive_ptr<c10d::Work>;
+  using Tensors = std::vector<at::Tensor>;
+  using TensorLists = std::vector<Tensors>;
+
+  Work broadcast(Tensors& ts, const c10d::BroadcastOptions& o) override {
+    return relay(ts, [&](Tensors& h) { return gloo_->broadcast(h, o); });
   }
 
-  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& ts, const c10d::AllreduceOptions& o) override {
-    auto h = host(ts);
-    gloo_->allreduce(h, gloo_opts(o))->wait();
-    if (is_avg(o.reduceOp)) average(h, getSize());
-    put_back(ts, h);
-    return done(ts);
+  Work allreduce(Tensors& ts, const c10d::AllreduceOptions& o) override {
+    return relay(ts, [&](Tensors& h) { return gloo_->allreduce(h, gloo_opts(o)); },
+                 is_avg(o.reduceOp), getSize());
   }
 
-  c10::intrusive_ptr<c10d::Work> allreduce_coalesced(std::vector<at::Tensor>& ts,
-                                                     const c10d::AllreduceCoalescedOptions& o) override {
-    auto h = host(ts);
-    gloo_->allreduce_coalesced(h, gloo_opts(o))->wait();
-    if (is_avg(o.reduceOp)) average(h, getSize());
-    put_back(ts, h);
-    return done(ts);
+  Work allreduce_coalesced(Tensors& ts, const c10d::AllreduceCoalescedOptions& o) override {
+    return relay(ts, [&](Tensors& h) { return gloo_->allreduce_coalesced(h, gloo_opts(o)); },
+                 is_avg(o.reduceOp), getSize());
   }
 
-  c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& ts, const c10d::ReduceOptions& o) override {
-    auto h = host(ts);
-    gloo_->reduce(h, gloo_opts(o))->wait();
-    if (is_avg(o.reduceOp) && getRank() == o.rootRank) average(h, getSize());
-    put_back(ts, h);
-    return done(ts);
+  Work reduce(Tensors& ts, const c10d::ReduceOptions& o) override {
+    return relay(ts, [&](Tensors& h) { return gloo_->reduce(h, gloo_opts(o)); },
+                 is_avg(o.reduceOp) && getRank() == o.rootRank, getSize());
   }
 
-  c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outs, std::vector<at::Tensor>& ins,
-                                           const c10d::AllgatherOptions& o) override {
-    auto ho = host(outs);
-    auto hi = host(ins);
-    gloo_->allgather(ho, hi, o)->wait();
-    put_back(outs, ho);
-    return done(flat(outs));
+  Work allgather(TensorLists& outs, Tensors& ins, const c10d::AllgatherOptions& o) override {
+    return relay(outs, ins, [&](TensorLists& ho, Tensors& hi) { return gloo_->allgather(ho, hi, o); });
   }
 
-  c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& out, at::Tensor& in,
-                                                 const c10d::AllgatherOptions& o) override {
-    auto ho = host(out);
-    auto hi = host(in);
-    gloo_->_allgather_base(ho, hi, o)->wait();
-    put_back(out, ho);
-    return done({out});
+  Work _allgather_base(at::Tensor& out, at::Tensor& in, const c10d::AllgatherOptions& o) override {
+    return relay(out, in, [&](at::Tensor& ho, at::Tensor& hi) { return gloo_->_allgather_base(ho, hi, o); });
   }
 
-  c10::intrusive_ptr<c10d::Work> allgather_coalesced(std::vector<std::vector<at::Tensor>>& outs,
-                                                     std::vector<at::Tensor>& ins,
-                                                     const c10d::AllgatherOptions& o) override {
-    auto ho = host(outs);
-    auto hi = host(ins);
-    gloo_->allgather_coalesced(ho, hi, o)->wait();
-    put_back(outs, ho);
-    return done(flat(outs));
+  Work allgather_coalesced(TensorLists& outs, Tensors& ins, const c10d::AllgatherOptions& o) override {
+    return relay(outs, ins, [&](TensorLists& ho, Tensors& hi) { return gloo_->allgather_coalesced(ho, hi, o); });
   }
 
-  c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(std::vector<at::Tensor>& outs,
-                                                                 std::vector<at::Tensor>& ins,
-                                                                 const c10d::AllgatherOptions& o) override {
-    auto ho = host(outs);
-    auto hi = host(ins);
-    gloo_->allgather_into_tensor_coalesced(ho, hi, o)->wait();
-    put_back(outs, ho);
-    return done(outs);
+  Work allgather_into_tensor_coalesced(Tensors& outs, Tensors& ins, const c10d::AllgatherOptions& o) override {
+    return relay(outs, ins,
+                 [&](Tensors& ho, Tensors& hi) { return gloo_->allgather_into_tensor_coalesced(ho, hi, o); });
   }
 
-  c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outs, std::vector<at::Tensor>& ins,
-                                        const c10d::GatherOptions& o) override {
-    auto ho = host(outs);
-    auto hi = host(ins);
-    gloo_->gather(ho, hi, o)->wait();
-    put_back(outs, ho);
-    return done(flat(outs));
+  Work gather(TensorLists& outs, Tensors& ins, const c10d::GatherOptions& o) override {
+    return relay(outs, ins, [&](TensorLists& ho, Tensors& hi) { return gloo_->gather(ho, hi, o); });
   }
 
-  c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outs, std::vector<std::vector<at::Tensor>>& ins,
-                                         const c10d::ScatterOptions& o) override {
-    auto ho = host(outs);
-    auto hi = host(ins);
-    gloo_->scatter(ho, hi, o)->wait();
-    put_back(outs, ho);
-    return done(outs);
+  Work scatter(Tensors& outs, TensorLists& ins, const c10d::ScatterOptions& o) override {
+    return relay(outs, ins, [&](Tensors& ho, TensorLists& hi) { return gloo_->scatter(ho, hi, o); });
   }
 
-  c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& outs,
-                                                std::vector<std::vector<at::Tensor>>& ins,
-                                                const c10d::ReduceScatterOptions& o) override {
-    auto ho = host(outs);
-    auto hi = host(ins);
-    gloo_->reduce_scatter(ho, hi, gloo_opts(o))->wait();
-    if (is_avg(o.reduceOp)) average(ho, getSize());
-    put_back(outs, ho);
-    return done(outs);
+  Work reduce_scatter(Tensors& outs, TensorLists& ins, const c10d::ReduceScatterOptions& o) override {
+    return relay(outs, ins, [&](Tensors& ho, TensorLists& hi) { return gloo_->reduce_scatter(ho, hi, gloo_opts(o)); },
+                 is_avg(o.reduceOp), getSize());
   }
 
-  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(at::Tensor& out, at::Tensor& in,
-                                                      const c10d::ReduceScatterOptions& o) override {
-    std::vector<at::Tensor> ho{host(out)};
-    auto hi = host(in);
-    gloo_->_reduce_scatter_base(ho[0], hi, gloo_opts(o))->wait();
-    if (is_avg(o.reduceOp)) average(ho, getSize());
-    put_back(out, ho[0]);
-    return done({out});
+  Work _reduce_scatter_base(at::Tensor& out, at::Tensor& in, const c10d::ReduceScatterOptions& o) override {
+    return relay(out, in,
+                 [&](at::Tensor& ho, at::Tensor& hi) { return gloo_->_reduce_scatter_base(ho, hi, gloo_opts(o)); },
+                 is_avg(o.reduceOp), getSize());
   }
 
-  c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outs,
-                                                                 std::vector<at::Tensor>& ins,
-                                                                 const c10d::ReduceScatterOptions& o) override {
-    auto ho = host(outs);
-    auto hi = host(ins);
-    gloo_->reduce_scatter_tensor_coalesced(ho, hi, gloo_opts(o))->wait();
-    if (is_avg(o.reduceOp)) average(ho, getSize());
-    put_back(outs, ho);
-    return done(outs);
+  Work reduce_scatter_tensor_coalesced(Tensors& outs, Tensors& ins, const c10d::ReduceScatterOptions& o) override {
+    return relay(outs, ins,
+                 [&](Tensors& ho, Tensors& hi) { return gloo_->reduce_scatter_tensor_coalesced(ho, hi, gloo_opts(o)); },
+                 is_avg(o.reduceOp), getSize());
   }
 
-  c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& out, at::Tensor& in, std::vector<int64_t>& out_splits,
-                                               std::vector<int64_t>& in_splits,
-                                               const c10d::AllToAllOptions& o) override {
-    auto ho = host(out);
-    auto hi = host(in);
-    gloo_->alltoall_base(ho, hi, out_splits, in_splits, o)->wait();
-    put_back(out, ho);
-    return done({out});
+  Work alltoall_base(at::Tensor& out, at::Tensor& in, std::vector<int64_t>& out_splits,
+                     std::vector<int64_t>& in_splits, const c10d::AllToAllOptions& o) override {
+    return relay(out, in, [&](at::Tensor& ho, at::Tensor& hi) {
+      return gloo_->alltoall_base(ho, hi, out_splits, in_splits, o);
+    });
   }
 
-  c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outs, std::vector<at::Tensor>& ins,
-                                          const c10d::AllToAllOptions& o) override {
-    auto ho = host(outs);
-    auto hi = host(ins);
-    gloo_->alltoall(ho, hi, o)->wait();
-    put_back(outs, ho);
-    return done(outs);
+  Work alltoall(Tensors& outs, Tensors& ins, const c10d::AllToAllOptions& o) override {
+    return relay(outs, ins, [&](Tensors& ho, Tensors& hi) { return gloo_->alltoall(ho, hi, o); });
   }
 
   // Point-to-point calls do not wait (isend, then recv, from both ends of a
   // pair must not deadlock): a send hands Gloo a host copy that its Work
   // keeps alive; a receive into tpu tensors copies them in when waited on.
-  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& ts, int dst, int tag) override {
+  Work send(Tensors& ts, int dst, int tag) override {
     auto h = host(ts);
     return gloo_->send(h, dst, tag);
   }
 
-  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& ts, int src, int tag) override {
+  Work recv(Tensors& ts, int src, int tag) override {
     auto h = host(ts);
     auto w = gloo_->recv(h, src, tag);
     if (!any_on_tpu(ts)) return w;
     return c10::make_intrusive<Receiving>(w, ts, h);
   }
 
-  c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& ts, int tag) override {
+  Work recvAnysource(Tensors& ts, int tag) override {
     auto h = host(ts);
     auto w = gloo_->recvAnysource(h, tag);
     if (!any_on_tpu(ts)) return w;
     return c10::make_intrusive<Receiving>(w, ts, h);
   }
 
-  c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& o) override {
+  Work barrier(const c10d::BarrierOptions& o) override {
     gloo_->barrier(o)->wait();
     return done({});
   }

@@ -154,17 +154,25 @@ def _mlp():
     return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4))
 
 
-def _cpu_reference(steps=3):
-    X, Y = _data()
-    m = _mlp()
-    opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
+def _train(model, x, y, steps=3, mean_over_ranks=False):
+    """AdamW steps on (x, y); the losses, averaged over the ranks if asked."""
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     losses = []
     for _ in range(steps):
         opt.zero_grad()
-        loss = F.mse_loss(m(X), Y)
+        loss = F.mse_loss(model(x), y)
         loss.backward()
         opt.step()
+        loss = loss.detach().clone()
+        if mean_over_ranks:
+            dist.all_reduce(loss, op=dist.ReduceOp.AVG)
         losses.append(loss.item())
+    return losses
+
+
+def _cpu_reference(steps=3):
+    m = _mlp()
+    losses = _train(m, *_data(), steps)
     return m.state_dict(), losses
 
 
@@ -172,18 +180,7 @@ def _train_shard(model, rank, dev, steps=3):
     """Each rank trains on its half of the batch; the mean of the halves'
     losses is the whole batch's loss."""
     X, Y = _data()
-    xs, ys = X.chunk(WORLD)[rank].to(dev), Y.chunk(WORLD)[rank].to(dev)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    losses = []
-    for _ in range(steps):
-        opt.zero_grad()
-        loss = F.mse_loss(model(xs), ys)
-        loss.backward()
-        opt.step()
-        t = loss.detach().clone()
-        dist.all_reduce(t, op=dist.ReduceOp.AVG)
-        losses.append(t.item())
-    return losses
+    return _train(model, X.chunk(WORLD)[rank].to(dev), Y.chunk(WORLD)[rank].to(dev), steps, mean_over_ranks=True)
 
 
 def _check_against_cpu(state, losses):
@@ -275,14 +272,7 @@ def tensor_parallel(rank, dev):
     mesh = init_device_mesh("tpu", (WORLD,))
     m = parallelize_module(_mlp().to(dev), mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
     X, Y = _data()
-    opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
-    losses = []
-    for _ in range(3):  # every rank sees the whole batch; the layers are split
-        opt.zero_grad()
-        loss = F.mse_loss(m(X.to(dev)), Y.to(dev))
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
+    losses = _train(m, X.to(dev), Y.to(dev))  # every rank sees the whole batch; the layers are split
     assert m[0].weight.to_local().shape == (8, 8), m[0].weight.to_local().shape
     _check_against_cpu({k: v.full_tensor().cpu() for k, v in m.state_dict().items()}, losses)
 

@@ -420,6 +420,18 @@ def test_pow_integer_negative_scalar_raises():
     # a device-side check (the exponent is a runtime scalar): raised at the next sync
     with pytest.raises(RuntimeError, match="negative integer powers"):
         torch.pow(torch.tensor([1, 2, 3], device=D), -2).cpu()
+    with pytest.raises(RuntimeError, match="negative integer powers"):
+        torch.tensor([1, 2, 3], device=D).pow_(-1).cpu()
+
+
+def test_pow_integer_cpu_scalar_tensor_exponent_is_computed():
+    # A CPU 0-d exponent reaches the device op as a number, but PyTorch
+    # computes it as a tensor exponent (no error), as on the CPU and CUDA.
+    base = torch.tensor([-2, -1, 0, 1, 2, 3])
+    for e in (-1, -2, 3):
+        want = torch.pow(base, torch.tensor(e))
+        assert torch.equal(torch.pow(base.to(D), torch.tensor(e)).cpu(), want)
+        assert torch.equal(base.to(D).pow_(torch.tensor(e)).cpu(), want)
 
 
 def test_pow_float_specializations():

@@ -212,9 +212,13 @@ static void r_pow(tp_emit *e, const tp_node *n, tp_val *o) {
     return;
   }
   if (tp_dtype_is_int(ct.dt)) {
-    /* the CPU refuses a negative number exponent (a tensor of them is
-     * computed); the number is a runtime scalar, so checked on the device */
-    if (lw_arg(n, 1)->kind != TP_ARG_TENSOR) /* pow.Tensor_Scalar, pow_.Scalar */
+    /* the CPU refuses a negative number exponent: pow.Tensor_Scalar, and
+     * pow_.Scalar, which reaches here as aten::pow.Scalar with a tensor
+     * base.  A tensor of them is computed, also a CPU 0-d tensor
+     * (pow.Tensor_Tensor, pow_.Tensor), which reaches here as a number.
+     * The number is a runtime scalar, so checked on the device. */
+    if (!strcmp(n->op, "aten::pow.Tensor_Scalar") ||
+        (!strcmp(n->op, "aten::pow.Scalar") && lw_arg(n, 0)->kind == TP_ARG_TENSOR))
       lw_check_text(e, n, lw_tensor(e, n, 1, TP_I64), 0, INT64_MAX, TP_INVALID_ARGUMENT,
                     "Integers to negative integer powers are not allowed.");
     o[0] = finish(e, n, int_pow(e, a, b));

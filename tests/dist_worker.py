@@ -277,6 +277,30 @@ def tensor_parallel(rank, dev):
     _check_against_cpu({k: v.full_tensor().cpu() for k, v in m.state_dict().items()}, losses)
 
 
+def compiled_tensor_parallel(rank, dev):
+    """A tensor-parallel model through torch.compile: its graphs carry
+    DTensor's opaque mesh objects and functional collectives; the parts
+    between the collectives run as programs."""
+    import warnings
+
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    mesh = init_device_mesh("tpu", (WORLD,))
+    m = parallelize_module(_mlp().to(dev), mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+    X, Y = _data()
+    before = torch_pjrt.metrics()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        losses = _train(torch.compile(m, backend="tpu"), X.to(dev), Y.to(dev))
+    after = torch_pjrt.metrics()
+    assert after["graphs_lowered"] + after["graphs_split"] > before["graphs_lowered"] + before["graphs_split"]
+    assert after["graphs_eager"] == before["graphs_eager"], "a graph ran op by op"
+    noisy = [str(w.message) for w in caught if "torch-pjrt" in str(w.message)]
+    assert not noisy, noisy
+    _check_against_cpu({k: v.full_tensor().cpu() for k, v in m.state_dict().items()}, losses)
+
+
 def compiled_collectives(rank, dev):
     """Collectives in a compiled function run between its programs."""
     import warnings
@@ -324,7 +348,7 @@ def pipeline(rank, dev):
 
 
 SCENARIOS = {f.__name__: f for f in (collectives, compiled_collectives, ddp, ddp_compiled, fsdp2, fsdp2_checkpoint,
-                                      tensor_parallel, pipeline)}
+                                      tensor_parallel, compiled_tensor_parallel, pipeline)}
 
 
 _OUT_DIR = None  # the run's temporary directory (scenarios write files there)

@@ -330,7 +330,15 @@ class GraphProgram:
         self.snapshot = {i for i, n in enumerate(placeholders) if n in device_reads and n in overwritten}
         for i, n in enumerate(placeholders):
             if n not in host or n in device_reads:
-                param(n, ("in", i), ph_vals[i])
+                if not isinstance(ph_vals[i], torch.Tensor) and all(u.op == "output" for u in n.users):
+                    continue  # an opaque object (DTensor's device mesh) that is only passed on
+                try:
+                    param(n, ("in", i), ph_vals[i])
+                except Unsupported as e:
+                    # An input no program can take, read by a node: that node
+                    # runs eagerly in a split graph.
+                    e.node = next((u for u in n.users if u.op == "call_function"), None)
+                    raise
         for n in graph.nodes:
             if n.op == "get_attr" and n not in host:
                 t = getattr(gm, n.target)

@@ -203,6 +203,36 @@ def ddp(rank, dev):
     _check_against_cpu({k.removeprefix("module."): v.cpu() for k, v in m.state_dict().items()}, losses)
 
 
+def ddp_options(rank, dev):
+    """DDP's options that take other paths through its reducer: the used-
+    parameter map (find_unused_parameters, static_graph: staged through
+    pinned memory), gradients as bucket views, tiny buckets, a compression
+    hook, and no_sync() accumulation."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    for kw in (dict(find_unused_parameters=True), dict(static_graph=True), dict(gradient_as_bucket_view=True),
+               dict(bucket_cap_mb=1e-4)):
+        m = DDP(_mlp().to(dev), device_ids=[dev.index], **kw)
+        losses = _train_shard(m, rank, dev)
+        _check_against_cpu({k.removeprefix("module."): v.cpu() for k, v in m.state_dict().items()}, losses)
+    m = DDP(_mlp().to(dev), device_ids=[dev.index])
+    m.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    torch.testing.assert_close(torch.tensor(_train_shard(m, rank, dev)), torch.tensor(_cpu_reference()[1]), rtol=1e-3,
+                               atol=1e-4)
+    # no_sync: each rank accumulates two microbatches, the second one reduced.
+    m = DDP(_mlp().to(dev), device_ids=[dev.index])
+    X, Y = _data()
+    xs, ys = X.chunk(WORLD)[rank].to(dev), Y.chunk(WORLD)[rank].to(dev)
+    with m.no_sync():
+        F.mse_loss(m(xs[:2]), ys[:2]).backward()
+    F.mse_loss(m(xs[2:]), ys[2:]).backward()
+    ref = _mlp()
+    (sum(F.mse_loss(ref(a), b) for a, b in zip(X.chunk(4), Y.chunk(4))) / WORLD).backward()
+    for p, q in zip(m.parameters(), ref.parameters()):
+        _eq(p.grad, q.grad, rtol=1e-5, atol=1e-6)
+
+
 def ddp_compiled(rank, dev):
     from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -347,8 +377,8 @@ def pipeline(rank, dev):
         _eq(p.grad, q.grad)
 
 
-SCENARIOS = {f.__name__: f for f in (collectives, compiled_collectives, ddp, ddp_compiled, fsdp2, fsdp2_checkpoint,
-                                      tensor_parallel, compiled_tensor_parallel, pipeline)}
+SCENARIOS = {f.__name__: f for f in (collectives, compiled_collectives, ddp, ddp_options, ddp_compiled, fsdp2,
+                                      fsdp2_checkpoint, tensor_parallel, compiled_tensor_parallel, pipeline)}
 
 
 _OUT_DIR = None  # the run's temporary directory (scenarios write files there)

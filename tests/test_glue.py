@@ -112,6 +112,23 @@ def test_empty_strided_and_like():
         torch.empty(1, device="tpu", pin_memory=True)
 
 
+def test_pinned_host_memory():
+    """pin_memory() gives host memory that is_pinned() recognises, as with
+    CUDA (DataLoader(pin_memory=True), DDP's reducer asks); other CPU memory
+    is not pinned, and a freed block is forgotten."""
+    x = torch.randn(4, 4)
+    p = x.pin_memory()
+    assert p.is_pinned() and p[1:, 2:].is_pinned() and not x.is_pinned()
+    assert torch.equal(p, x) and torch.equal(p.to("tpu", non_blocking=True).cpu(), x)
+    assert torch.empty(5, pin_memory=True).is_pinned()
+    assert torch.empty_like(x, pin_memory=True).is_pinned()
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(8, 3)), batch_size=4,
+                                         pin_memory=True)
+    assert all(b.is_pinned() for (b,) in loader)
+    del p  # freed: ordinary memory at its address (malloc often reuses it) is not pinned
+    assert not any(torch.empty(16).is_pinned() for _ in range(8))
+
+
 def test_views_share_storage():
     x = torch.empty(2, 3, device="tpu")
     v = x.view(3, 2)

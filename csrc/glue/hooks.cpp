@@ -12,9 +12,12 @@
 #include <ATen/detail/PrivateUse1HooksInterface.h>
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/DeviceGuard.h>
+#include <c10/core/impl/alloc_cpu.h>
 
 #include <cstring>
+#include <algorithm>
 #include <deque>
+#include <map>
 #include <mutex>
 
 namespace torch_pjrt {
@@ -148,6 +151,46 @@ const at::Generator& default_generator(c10::DeviceIndex index) {
 
 // -------------------------------------------------------------------- hooks
 
+// Pinned host memory: ordinary host memory, remembered so that is_pinned()
+// answers as for CUDA.  PJRT copies any host memory itself, so nothing is
+// locked, but PyTorch code asks: DataLoader(pin_memory=True), and DDP's
+// reducer with find_unused_parameters or static_graph, which asserts that
+// its staging tensor is pinned.  g_pinned maps each block's start to its size.
+std::mutex g_pinned_mu;
+std::map<const char*, size_t> g_pinned;
+
+void free_pinned(void* p) {
+  {
+    std::lock_guard<std::mutex> lock(g_pinned_mu);
+    g_pinned.erase(static_cast<const char*>(p));
+  }
+  c10::free_cpu(p);
+}
+
+bool in_pinned_block(const void* ptr) {
+  const char* p = static_cast<const char*>(ptr);
+  std::lock_guard<std::mutex> lock(g_pinned_mu);
+  auto it = g_pinned.upper_bound(p);
+  if (it == g_pinned.begin()) return false;
+  --it;
+  return p < it->first + std::max<size_t>(it->second, 1);
+}
+
+struct PinnedAllocator final : c10::Allocator {
+  c10::DataPtr allocate(size_t n) override {
+    void* p = c10::alloc_cpu(std::max<size_t>(n, 1));  // a block of its own even when empty
+    {
+      std::lock_guard<std::mutex> lock(g_pinned_mu);
+      g_pinned[static_cast<const char*>(p)] = n;
+    }
+    return {p, p, &free_pinned, c10::Device(c10::DeviceType::CPU)};
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return &free_pinned; }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    default_copy_data(dest, src, count);
+  }
+};
+
 struct TpHooks final : at::PrivateUse1HooksInterface {
   bool isBuilt() const override { return true; }
   // Must not throw or initialise anything: just ask the runtime.
@@ -186,10 +229,10 @@ struct TpHooks final : at::PrivateUse1HooksInterface {
                       tp_storage_device(static_cast<tp_storage*>(data)))};
   }
 
-  // No pinned host memory: host<->device transfers are PJRT's business.
-  bool isPinnedPtr(const void*) const override { return false; }
+  bool isPinnedPtr(const void* p) const override { return p != nullptr && in_pinned_block(p); }
   at::Allocator* getPinnedMemoryAllocator() const override {
-    return c10::GetCPUAllocator();
+    static PinnedAllocator pinned;  // lives forever
+    return &pinned;
   }
 
   // UntypedStorage.resize_() on a tpu storage lands here.

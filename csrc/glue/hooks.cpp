@@ -14,8 +14,8 @@
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/impl/alloc_cpu.h>
 
-#include <cstring>
 #include <algorithm>
+#include <cstring>
 #include <deque>
 #include <map>
 #include <mutex>

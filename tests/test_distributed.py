@@ -1,6 +1,6 @@
 """torch.distributed on "tpu" (the "tpu" backend, torch_pjrt/distributed.py):
-collectives, DDP (eager and compiled), FSDP2 and tensor parallelism on two
-ranks, each against the CPU.  One group of two processes runs every scenario
+collectives, DDP (eager, its options, compiled), FSDP2, tensor parallelism
+(also compiled) and pipeline stages on two ranks, each against the CPU.  One group of two processes runs every scenario
 (tests/dist_worker.py); each test reads its scenario's result."""
 import json
 import os

@@ -307,6 +307,25 @@ def tensor_parallel(rank, dev):
     _check_against_cpu({k: v.full_tensor().cpu() for k, v in m.state_dict().items()}, losses)
 
 
+def dtensor_ops(rank, dev):
+    """DTensor on a tpu mesh: sharded products (one needs a Partial sum),
+    reductions and softmax across the sharded dimension, a redistribution."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    mesh = init_device_mesh("tpu", (WORLD,))
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(8, 6, generator=g), torch.randn(6, 4, generator=g)
+    rows, rep = distribute_tensor(a.to(dev), mesh, [Shard(0)]), distribute_tensor(b.to(dev), mesh, [Replicate()])
+    cols, brows = distribute_tensor(a.to(dev), mesh, [Shard(1)]), distribute_tensor(b.to(dev), mesh, [Shard(0)])
+    _eq((rows @ rep).full_tensor(), a @ b)
+    _eq((cols @ brows).full_tensor(), a @ b, rtol=1e-5, atol=1e-5)  # partial sums all-reduced
+    _eq(rows.sum().full_tensor(), a.sum(), rtol=1e-5, atol=1e-5)
+    _eq(rows.mean(0).full_tensor(), a.mean(0))
+    _eq(rows.softmax(0).full_tensor(), a.softmax(0))
+    _eq(rows.redistribute(mesh, [Shard(1)]).to_local(), a.chunk(WORLD, 1)[rank])
+
+
 def compiled_tensor_parallel(rank, dev):
     """A tensor-parallel model through torch.compile: its graphs carry
     DTensor's opaque mesh objects and functional collectives; the parts
@@ -378,7 +397,8 @@ def pipeline(rank, dev):
 
 
 SCENARIOS = {f.__name__: f for f in (collectives, compiled_collectives, ddp, ddp_options, ddp_compiled, fsdp2,
-                                      fsdp2_checkpoint, tensor_parallel, compiled_tensor_parallel, pipeline)}
+                                      fsdp2_checkpoint, tensor_parallel, compiled_tensor_parallel, dtensor_ops,
+                                      pipeline)}
 
 
 _OUT_DIR = None  # the run's temporary directory (scenarios write files there)

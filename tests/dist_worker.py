@@ -5,15 +5,12 @@ in one process over the whole batch."""
 import datetime
 import json
 import os
-import sys
 import traceback
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-import torch_pjrt  # noqa: F401  (registers the "tpu" device and its distributed backend)
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples"))
+import torch_pjrt  # registers the "tpu" device and its distributed backend
 
 WORLD = 2
 TOL = dict(rtol=1e-5, atol=1e-6)

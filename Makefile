@@ -22,7 +22,8 @@ CORE_SRC := $(sort $(wildcard csrc/core/*.c))
 CORE_HDR := $(wildcard csrc/core/*.h)
 CORE_LIB := $(PKG)/libtpcore.so
 PYMOD_SRC := $(sort $(wildcard csrc/python/*.c))
-GLUE_SRC := $(sort $(wildcard csrc/glue/*.cpp))
+# csrc/glue/dist.cpp is the one glue file built apart (with Python headers, see below).
+GLUE_SRC := $(filter-out csrc/glue/dist.cpp,$(sort $(wildcard csrc/glue/*.cpp)))
 CTEST_SRC := $(sort $(wildcard tests/c/test_*.c))
 SAN     := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 
@@ -59,7 +60,7 @@ $(PKG)/_glue.so: $(GLUE_SRC) $(wildcard csrc/glue/*.h) $(CORE_HDR) | $(CORE_LIB)
 # torch.distributed's "tpu" backend: a c10d::Backend subclass that Python
 # creates, so this one module is built with Python and pybind11 headers
 # (torch ships both) and links torch_python.
-$(PKG)/_dist.so: csrc/dist/backend.cpp | $(STAMP)
+$(PKG)/_dist.so: csrc/glue/dist.cpp | $(STAMP)
 	$(CXX) -std=c++20 -O2 -fPIC -shared -Wall -Wextra -Werror -Wno-unused-parameter \
 	  -D_GLIBCXX_USE_CXX11_ABI=1 -I$(PY_INC) -I$(TORCH_DIR)/include -I$(TORCH_DIR)/include/torch/csrc/api/include \
 	  -o $@ $< -L$(TORCH_DIR)/lib -lc10 -ltorch -ltorch_cpu -ltorch_python -Wl,-rpath,$(TORCH_DIR)/lib

@@ -1,4 +1,4 @@
-"""torch.distributed on "tpu" (the Gloo relay, csrc/dist/backend.cpp) against
+"""torch.distributed on "tpu" (the Gloo relay, csrc/glue/dist.cpp) against
 Gloo on CPU tensors, in the same two-rank group of this run.
 
     .venv/bin/python bench/distributed.py [--iters N]

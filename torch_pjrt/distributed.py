@@ -5,7 +5,7 @@
     model = DistributedDataParallel(model.to("tpu"))
 
 Importing torch_pjrt registers the backend.  Collectives on "tpu" tensors
-run through Gloo on host copies (csrc/dist/backend.cpp); CPU tensors in the
+run through Gloo on host copies (csrc/glue/dist.cpp); CPU tensors in the
 same group go to Gloo directly.  Each call finishes before it returns.  A
 group made with "gloo" serves tpu tensors the same way.
 """

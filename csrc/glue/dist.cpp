@@ -1,4 +1,4 @@
-// backend.cpp - the "tpu" backend of torch.distributed (c10d).
+// dist.cpp - the "tpu" backend of torch.distributed (c10d).
 //
 // PyTorch calls a device's collectives through a c10d::Backend, a C++ class
 // that only a C++ subclass can implement (c10d::Backend has no Python
@@ -15,7 +15,7 @@
 // memory, so the relay costs one copy each way.  See docs/architecture.md,
 // "Distributed".
 //
-// This is the one glue file built with Python headers: torch.distributed
+// The one glue file built apart, with Python headers (Makefile): torch.distributed
 // creates backends from Python (dist.Backend.register_backend), so the class
 // needs a pybind11 binding.
 #include <torch/csrc/distributed/c10d/Backend.hpp>

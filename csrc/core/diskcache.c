@@ -662,28 +662,34 @@ tp_status *tp_diskcache_put(tp_diskcache *c, const void *key, size_t keylen,
       err = errno;
       what = "close";
     }
-    struct stat old;
-    int64_t old_size = 0;
-    if (!what && lstat(path, &old) == 0 && S_ISREG(old.st_mode))
-      old_size = (int64_t)old.st_size;
-    if (!what && rename(tmp, path) != 0) {
-      err = errno;
-      what = "rename into place";
+    if (!what) {
+      /* The entry replaced is measured and renamed over under the lock: a
+       * scan in another thread evicting it in between would leave this
+       * entry's bytes out of the running estimate, and the directory could
+       * then outgrow the cap unseen. */
+      pthread_mutex_lock(&c->mu);
+      struct stat old;
+      int64_t old_size = 0;
+      if (lstat(path, &old) == 0 && S_ISREG(old.st_mode))
+        old_size = (int64_t)old.st_size;
+      if (rename(tmp, path) != 0) {
+        err = errno;
+        what = "rename into place";
+      } else {
+        c->stats.writes++;
+        if (!c->scanned) { /* the first write measures the directory, this entry included */
+          scan_and_evict(c, name);
+        } else {
+          c->stats.bytes_on_disk += fsize - old_size;
+          if (c->stats.bytes_on_disk > c->cap) scan_and_evict(c, name);
+        }
+      }
+      pthread_mutex_unlock(&c->mu);
     }
     if (what) {
       unlink(tmp);
       st = tp_error(errno_code(err), "cannot %s disk cache entry '%s': %s",
                     what, path, strerror(err));
-    } else {
-      pthread_mutex_lock(&c->mu);
-      c->stats.writes++;
-      if (!c->scanned) { /* the first write measures the directory, this entry included */
-        scan_and_evict(c, name);
-      } else {
-        c->stats.bytes_on_disk += fsize - old_size;
-        if (c->stats.bytes_on_disk > c->cap) scan_and_evict(c, name);
-      }
-      pthread_mutex_unlock(&c->mu);
     }
   }
   free(hdr);

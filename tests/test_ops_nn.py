@@ -850,6 +850,46 @@ def test_adaptive_max_pool(fn, xs, out, dtype):
         torch.testing.assert_close(av.cpu(), ev, equal_nan=True, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("dtype", [F32, BF16, torch.float16, torch.float64])
+@pytest.mark.parametrize("fn,xs,k,out", [
+    (F.fractional_max_pool2d, (2, 3, 9, 11), (2, 3), (5, 4)), (F.fractional_max_pool2d, (3, 10, 7), 3, (4, 5)),
+    (F.fractional_max_pool2d, (1, 2, 5, 5), 2, (1, 4)),
+    (F.fractional_max_pool3d, (2, 2, 7, 8, 9), (2, 3, 2), (3, 4, 5)), (F.fractional_max_pool3d, (2, 6, 6, 6), 2, 3)])
+def test_fractional_max_pool(fn, xs, k, out, dtype):
+    # Given random samples (one per plane and spatial dim, in the input's
+    # dtype), the window starts follow the CPU's interval formula in that
+    # dtype: values and indices exact for every dtype, ties and NaNs too.
+    # Gradients of overlapping windows sum in float32 for float16/bfloat16
+    # where the CPU adds in the low precision: compared with a tolerance.
+    nsp = 2 if fn is F.fractional_max_pool2d else 3
+    g = torch.Generator().manual_seed(5)
+    samples = torch.rand(xs[0] if len(xs) == nsp + 2 else 1, xs[-nsp - 1], nsp, generator=g).to(dtype)
+    xt = torch.randint(0, 3, xs, generator=g).to(dtype)
+    for x in (rnd(*xs).to(dtype), xt, xt.masked_fill(xt == 2, float("nan"))):
+        xc = x.detach().clone().requires_grad_()
+        xd = x.detach().to("tpu").requires_grad_()
+        ev, ei = fn(xc, k, output_size=out, _random_samples=samples, return_indices=True)
+        av, ai = fn(xd, k, output_size=out, _random_samples=samples.to("tpu"), return_indices=True)
+        assert torch.equal(ai.cpu(), ei)
+        torch.testing.assert_close(av.cpu(), ev, equal_nan=True, rtol=0, atol=0)
+        cot = torch.randn(ev.shape, generator=g).to(dtype)
+        ev.backward(cot)
+        av.backward(cot.to("tpu"))
+        tol = 0 if dtype in (F32, torch.float64) else 2e-2
+        torch.testing.assert_close(xd.grad.cpu(), xc.grad, rtol=tol, atol=tol)
+
+
+def test_fractional_max_pool_module_and_refusals():
+    # Without samples the module draws them on the device; shapes as on CPU.
+    x = torch.randn(2, 3, 10, 10)
+    m = torch.nn.FractionalMaxPool2d(3, output_ratio=0.5)
+    assert m.to("tpu")(x.to("tpu")).shape == m(x).shape
+    for dtype, name in ((torch.int64, "Long"), (torch.complex64, "ComplexFloat")):
+        with pytest.raises(NotImplementedError, match=f"fractional_max_pool2d_out_frame.*'{name}'"):
+            F.fractional_max_pool2d(torch.ones(1, 2, 6, 6, dtype=dtype, device="tpu"), 2, output_size=3,
+                                    _random_samples=torch.rand(1, 2, 2).to(dtype).to("tpu"))
+
+
 @pytest.mark.parametrize("mode", ["reflect", "replicate", "circular"])
 @pytest.mark.parametrize("dtype", [F32, BF16, torch.float16])
 @pytest.mark.parametrize("xs,pad", [((1, 3), (1, 2)), ((2, 3, 4), (3, 0)), ((2, 3, 4, 5), (1, 2, 2, 1)),

@@ -460,6 +460,7 @@ _PY_META = {
     "aten::_embedding_bag_forward_only": _meta_embedding_bag(True),
     "aten::multi_margin_loss_backward": lambda grad_output, self, *a, **k: _like_self(self),
     "aten::multilabel_margin_loss_backward": lambda grad_output, self, *a, **k: _like_self(self),
+    "aten::fractional_max_pool3d_backward": lambda grad_output, self, *a, **k: _like_self(self),
 }
 # Run after the lowering, with (argument values, outputs): output fix-ups
 # that depend on computed values (keyed by the functional op's name).

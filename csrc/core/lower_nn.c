@@ -1684,6 +1684,105 @@ static void adaptive_max_pool(tp_emit *e, const tp_node *n, tp_val *o, int nsp) 
 static void r_adaptive_max_pool2d(tp_emit *e, const tp_node *n, tp_val *o) { adaptive_max_pool(e, n, o, 2); }
 static void r_adaptive_max_pool3d(tp_emit *e, const tp_node *n, tp_val *o) { adaptive_max_pool(e, n, o, 3); }
 
+/* fractional_max_poolNd(self, kernel_size, output_size, random_samples) -> (out, indices).
+ * Window starts per plane and dim follow PyTorch's CPU generate_intervals:
+ * alpha = (in - k) / (out - 1), start[j] = int((j + u) * alpha) - int(u * alpha)
+ * for j < out - 1 and in - k for the last, computed in the input's dtype (each
+ * step rounded for float16/bfloat16, as c10's Half/BFloat16 arithmetic does).
+ * u is random_samples[plane][s], s counting the spatial dims from the last one
+ * for 2d (W, H) and from the first one for 3d (T, H, W).  A start outside
+ * [0, in - k] (a sample outside [0, 1)) raises at the next synchronisation, as
+ * the CPU kernel's assert does.  The window is scanned like max_pool's. */
+static void fractional_max_pool(tp_emit *e, const tp_node *n, tp_val *o, int nsp) {
+  tp_type t = *em_type(e, lw_value(e, n, 0));
+  int L = t.rank - nsp;
+  const int64_t *k, *osz_arg;
+  if ((L != 1 && L != 2) || lw_ints(n, 1, &k) != nsp || lw_ints(n, 2, &osz_arg) != nsp) {
+    o[0] = em_fail(e, TP_INVALID_ARGUMENT, "%s: expected a %dD or %dD input with %d kernel and output sizes", n->op,
+                   nsp + 1, nsp + 2, nsp);
+    return;
+  }
+  tp_dtype dt = t.dt, ct = lw_opmath(dt);
+  if (!tp_dtype_is_float(dt)) {
+    o[0] = lw_not_for(e, nsp == 2 ? "fractional_max_pool2d_out_frame" : "fractional_max_pool3d_out_frame", dt);
+    return;
+  }
+  tp_val x = em_reshape(e, lw_tensor(e, n, 0, ct), 1, (int64_t[]){numel_of(&t)});
+  tp_val smp = lw_tensor(e, n, 3, ct);
+  tp_type st = *em_type(e, smp);
+  if (st.rank != 3 || st.dims[2] != nsp || st.dims[0] != (L == 2 ? t.dims[0] : 1) || st.dims[1] != t.dims[L - 1]) {
+    o[0] = em_fail(e, TP_INVALID_ARGUMENT, "%s: random_samples must have shape [%" PRId64 ", %" PRId64 ", %d]",
+                   n->op, L == 2 ? t.dims[0] : (int64_t)1, t.dims[L - 1], nsp);
+    return;
+  }
+  const tp_type *ot = OUT(0);
+  tp_type it = *ot;
+  it.dt = TP_I64;
+  tp_type ft = *ot;
+  ft.dt = ct;
+  int64_t lead_map[2] = {0, 1}, plane = 1;
+  for (int i = 0; i < nsp; i++) plane *= t.dims[L + i];
+  /* per-dim window starts, broadcast to the output's shape */
+  tp_val start[3];
+  for (int i = 0; i < nsp && !em_failed(e); i++) {
+    int s = nsp == 2 ? 1 - i : i;
+    int64_t in = t.dims[L + i], out = ot->dims[L + i], kk = k[i];
+    tp_val u = em_slice(e, smp, (int64_t[]){0, 0, s}, (int64_t[]){st.dims[0], st.dims[1], s + 1}, NULL);
+    u = em_reshape(e, u, L, L == 2 ? st.dims : st.dims + 1);
+    u = bcast(e, u, &ft, lead_map);
+    tp_val alpha = em_round_to(e, dv(e, em_round_to(e, em_full(e, (double)(in - kk), &ft), dt),
+                                     em_round_to(e, em_full(e, (double)(out > 1 ? out - 1 : 1), &ft), dt)),
+                               dt);
+    int64_t dd = L + i;
+    tp_val j = em_round_to(e, em_convert(e, em_iota(e, &it, (int)dd), ct), dt);
+    tp_val a = em_convert(e, em_round_to(e, mul(e, em_round_to(e, add(e, j, u), dt), alpha), dt), TP_I64);
+    tp_val b = em_convert(e, em_round_to(e, mul(e, u, alpha), dt), TP_I64);
+    tp_val last = em_compare(e, "EQ", em_iota(e, &it, (int)dd), em_full(e, (double)(out - 1), &it));
+    start[i] = em_select(e, last, em_full(e, (double)(in - kk), &it), em_binary(e, "stablehlo.subtract", a, b));
+    lw_check_range(e, n, start[i], 0, in - kk + 1, TP_INVALID_ARGUMENT,
+                   "%s: a random sample gives the window start {} along spatial dim %d, outside [0, %" PRId64
+                   "]; random_samples must lie in [0, 1)",
+                   n->op, i, in - kk);
+  }
+  /* plane offset of each output element in the flattened input */
+  tp_val base = em_full(e, 0, &it);
+  for (int i = 0; i < L; i++) base = add(e, mul(e, base, em_full(e, (double)t.dims[i], &it)), em_iota(e, &it, i));
+  base = mul(e, base, em_full(e, (double)plane, &it));
+  int64_t nk = 1;
+  for (int i = 0; i < nsp; i++) nk *= k[i];
+  tp_val m = em_full(e, 0, &ft), idx = em_full(e, -1, &it), neg1 = em_full(e, -1, &it);
+  for (int64_t q = 0; q < nk && !em_failed(e); q++) {
+    int64_t r = q, koff[3] = {0, 0, 0};
+    for (int i = nsp - 1; i >= 0; i--) {
+      koff[i] = r % k[i];
+      r /= k[i];
+    }
+    tp_val flat = -1;
+    for (int i = 0; i < nsp; i++) {
+      tp_val pos = add(e, start[i], em_full(e, (double)koff[i], &it));
+      flat = flat < 0 ? pos : add(e, mul(e, flat, em_full(e, (double)t.dims[L + i], &it)), pos);
+    }
+    /* clamped so that a bad sample (reported above) cannot read outside the input */
+    tp_val at = em_clamp(e, em_const(e, 0, TP_I64), add(e, base, flat), em_const(e, (double)(numel_of(&t) - 1), TP_I64));
+    tp_val v = em_gather_flat(e, x, at);
+    tp_val upd = em_binary(e, "stablehlo.or", em_compare(e, "EQ", idx, neg1), em_compare(e, "GT", v, m));
+    upd = em_binary(e, "stablehlo.or", upd, em_compare(e, "NE", v, v));
+    m = em_select(e, upd, v, m);
+    idx = em_select(e, upd, flat, idx);
+  }
+  o[0] = em_convert(e, m, ot->dt);
+  if (n->nouts > 1) o[1] = em_convert(e, idx, n->outs[1].dt);
+}
+static void r_fractional_max_pool2d(tp_emit *e, const tp_node *n, tp_val *o) { fractional_max_pool(e, n, o, 2); }
+static void r_fractional_max_pool3d(tp_emit *e, const tp_node *n, tp_val *o) { fractional_max_pool(e, n, o, 3); }
+/* fractional_max_poolNd_backward(grad_output, self, kernel_size, output_size, indices) */
+static void r_fractional_max_pool2d_backward(tp_emit *e, const tp_node *n, tp_val *o) {
+  max_pool_backward(e, n, o, 2, 4);
+}
+static void r_fractional_max_pool3d_backward(tp_emit *e, const tp_node *n, tp_val *o) {
+  max_pool_backward(e, n, o, 3, 4);
+}
+
 /* ---- upsampling ------------------------------------------------------------------------------ */
 
 /* PyTorch's compute_scales_value: 1/scale if given (> 0), else in/out, in
@@ -2521,6 +2620,10 @@ const tp_lower_entry tp_lower_nn[] = {
     {"aten::adaptive_max_pool3d", r_adaptive_max_pool3d},
     {"aten::adaptive_max_pool2d_backward", r_adaptive_max_pool2d_backward},
     {"aten::adaptive_max_pool3d_backward", r_adaptive_max_pool3d_backward},
+    {"aten::fractional_max_pool2d", r_fractional_max_pool2d},
+    {"aten::fractional_max_pool3d", r_fractional_max_pool3d},
+    {"aten::fractional_max_pool2d_backward", r_fractional_max_pool2d_backward},
+    {"aten::fractional_max_pool3d_backward", r_fractional_max_pool3d_backward},
     {"aten::upsample_nearest1d", r_upsample_nearest1d},
     {"aten::upsample_nearest2d", r_upsample_nearest2d},
     {"aten::upsample_nearest3d", r_upsample_nearest3d},

@@ -863,7 +863,8 @@ def test_fractional_max_pool(fn, xs, k, out, dtype):
     # where the CPU adds in the low precision: compared with a tolerance.
     nsp = 2 if fn is F.fractional_max_pool2d else 3
     g = torch.Generator().manual_seed(5)
-    samples = torch.rand(xs[0] if len(xs) == nsp + 2 else 1, xs[-nsp - 1], nsp, generator=g).to(dtype)
+    # (unbatched inputs take the first row of any number of rows)
+    samples = torch.rand(xs[0] if len(xs) == nsp + 2 else 2, xs[-nsp - 1], nsp, generator=g).to(dtype)
     xt = torch.randint(0, 3, xs, generator=g).to(dtype)
     for x in (rnd(*xs).to(dtype), xt, xt.masked_fill(xt == 2, float("nan"))):
         xc = x.detach().clone().requires_grad_()

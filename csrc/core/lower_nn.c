@@ -1710,9 +1710,11 @@ static void fractional_max_pool(tp_emit *e, const tp_node *n, tp_val *o, int nsp
   tp_val x = em_reshape(e, lw_tensor(e, n, 0, ct), 1, (int64_t[]){numel_of(&t)});
   tp_val smp = lw_tensor(e, n, 3, ct);
   tp_type st = *em_type(e, smp);
-  if (st.rank != 3 || st.dims[2] != nsp || st.dims[0] != (L == 2 ? t.dims[0] : 1) || st.dims[1] != t.dims[L - 1]) {
-    o[0] = em_fail(e, TP_INVALID_ARGUMENT, "%s: random_samples must have shape [%" PRId64 ", %" PRId64 ", %d]",
-                   n->op, L == 2 ? t.dims[0] : (int64_t)1, t.dims[L - 1], nsp);
+  int64_t batch = L == 2 ? t.dims[0] : 1, lead[2] = {batch, t.dims[L - 1]};
+  if (st.rank != 3 || st.dims[2] != nsp || st.dims[0] < batch || st.dims[1] != t.dims[L - 1]) {
+    o[0] = em_fail(e, TP_INVALID_ARGUMENT,
+                   "%s: random_samples must have shape [N, %" PRId64 ", %d] with N at least the batch size %" PRId64,
+                   n->op, t.dims[L - 1], nsp, batch);
     return;
   }
   const tp_type *ot = OUT(0);
@@ -1727,8 +1729,8 @@ static void fractional_max_pool(tp_emit *e, const tp_node *n, tp_val *o, int nsp
   for (int i = 0; i < nsp && !em_failed(e); i++) {
     int s = nsp == 2 ? 1 - i : i;
     int64_t in = t.dims[L + i], out = ot->dims[L + i], kk = k[i];
-    tp_val u = em_slice(e, smp, (int64_t[]){0, 0, s}, (int64_t[]){st.dims[0], st.dims[1], s + 1}, NULL);
-    u = em_reshape(e, u, L, L == 2 ? st.dims : st.dims + 1);
+    tp_val u = em_slice(e, smp, (int64_t[]){0, 0, s}, (int64_t[]){batch, st.dims[1], s + 1}, NULL);
+    u = em_reshape(e, u, L, L == 2 ? lead : lead + 1);
     u = bcast(e, u, &ft, lead_map);
     tp_val alpha = em_round_to(e, dv(e, em_round_to(e, em_full(e, (double)(in - kk), &ft), dt),
                                      em_round_to(e, em_full(e, (double)(out > 1 ? out - 1 : 1), &ft), dt)),

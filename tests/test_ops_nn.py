@@ -885,6 +885,10 @@ def test_fractional_max_pool_module_and_refusals():
     x = torch.randn(2, 3, 10, 10)
     m = torch.nn.FractionalMaxPool2d(3, output_ratio=0.5)
     assert m.to("tpu")(x.to("tpu")).shape == m(x).shape
+    for fn, nsp in ((F.fractional_max_pool2d, 2), (F.fractional_max_pool3d, 3)):
+        with pytest.raises(RuntimeError, match="_random_samples to have the same dtype"):
+            fn(torch.ones((1, 2) + (6,) * nsp, device="tpu"), 2, output_size=3,
+               _random_samples=torch.rand(1, 2, nsp, dtype=torch.float64, device="tpu"))
     for dtype, name in ((torch.int64, "Long"), (torch.complex64, "ComplexFloat")):
         with pytest.raises(NotImplementedError, match=f"fractional_max_pool2d_out_frame.*'{name}'"):
             F.fractional_max_pool2d(torch.ones(1, 2, 6, 6, dtype=dtype, device="tpu"), 2, output_size=3,

@@ -1443,6 +1443,21 @@ def _lcm(a, b):
     return (torch.div(a, g, rounding_mode="trunc") * b).abs().to(dt)
 
 
+def _trilinear(i1, i2, i3, expand1, expand2, expand3, sumdim, unroll_dim=1):
+    """nn.Bilinear's op (a CompositeExplicitAutograd kernel in eager mode) as
+    one einsum over the expanded dims, which tracing turns into products:
+    never the full broadcast of the three inputs."""
+    total = i1.dim() + len(expand1)
+    names = [chr(ord("a") + d) for d in range(total)]
+
+    def subs(skip):
+        skip = {d % total for d in skip}
+        return "".join(names[d] for d in range(total) if d not in skip)
+
+    eq = f"{subs(expand1)},{subs(expand2)},{subs(expand3)}->{subs(sumdim)}"
+    return torch.einsum(eq, i1, i2, i3)
+
+
 @functools.cache  # the same for every graph (0.1-0.4 s to build)
 def _decompositions():
     from torch._decomp import core_aten_decompositions, decomposition_table
@@ -1463,6 +1478,7 @@ def _decompositions():
     table[A.logcumsumexp.default] = A._logcumsumexp.default
     table[A.copysign.Tensor] = table[A.copysign.Scalar] = _copysign
     table[A.lcm.default] = _lcm
+    table[A._trilinear.default] = _trilinear
     table[A.special_zeta.other_scalar] = table[A.special_zeta.self_scalar] = _zeta
     # Factories with a composite kernel in eager mode that graphs keep whole.
     table[torch.ops.aten.fft_fftfreq.default] = _fftfreq

@@ -1707,6 +1707,10 @@ static void fractional_max_pool(tp_emit *e, const tp_node *n, tp_val *o, int nsp
     o[0] = lw_not_for(e, nsp == 2 ? "fractional_max_pool2d_out_frame" : "fractional_max_pool3d_out_frame", dt);
     return;
   }
+  if (lw_dtype(e, n, 3) != dt) { /* PyTorch's meta function checks this for 2d only; its kernels for both */
+    o[0] = em_fail(e, TP_INVALID_ARGUMENT, "Expect _random_samples to have the same dtype as input");
+    return;
+  }
   tp_val x = em_reshape(e, lw_tensor(e, n, 0, ct), 1, (int64_t[]){numel_of(&t)});
   tp_val smp = lw_tensor(e, n, 3, ct);
   tp_type st = *em_type(e, smp);

@@ -1690,9 +1690,11 @@ static void r_adaptive_max_pool3d(tp_emit *e, const tp_node *n, tp_val *o) { ada
  * for j < out - 1 and in - k for the last, computed in the input's dtype (each
  * step rounded for float16/bfloat16, as c10's Half/BFloat16 arithmetic does).
  * u is random_samples[plane][s], s counting the spatial dims from the last one
- * for 2d (W, H) and from the first one for 3d (T, H, W).  A start outside
- * [0, in - k] (a sample outside [0, 1)) raises at the next synchronisation, as
- * the CPU kernel's assert does.  The window is scanned like max_pool's. */
+ * for 2d (W, H) and from the first one for 3d (T, H, W).  Since the meta
+ * function keeps alpha >= 1, any sample, even outside [0, 1), gives starts in
+ * [0, in - k]; they are still checked (raising at the next synchronisation,
+ * where the CPU kernel asserts) and clamped, as a guard for rounding the
+ * formula does not foresee.  The window is scanned like max_pool's. */
 static void fractional_max_pool(tp_emit *e, const tp_node *n, tp_val *o, int nsp) {
   tp_type t = *em_type(e, lw_value(e, n, 0));
   int L = t.rank - nsp;

@@ -1203,6 +1203,19 @@ static int pool_read(tp_emit *e, const tp_node *n, int nsp, int rank, int ki, in
   return 1;
 }
 
+/* One step of a max pool's window scan, PyTorch's CPU rule: the window's
+ * first element, a greater one or (for floats) a NaN replaces the running
+ * maximum *m and its index *idx (-1 before the first step); where `valid` (or
+ * -1 for everywhere) is false the position lies outside the input. */
+static void max_scan_step(tp_emit *e, tp_val v, tp_val flat, tp_val valid, int isf, tp_val *m, tp_val *idx) {
+  tp_type it = *em_type(e, *idx);
+  tp_val upd = em_binary(e, "stablehlo.or", em_compare(e, "EQ", *idx, em_full(e, -1, &it)), em_compare(e, "GT", v, *m));
+  if (isf) upd = em_binary(e, "stablehlo.or", upd, em_compare(e, "NE", v, v));
+  if (valid >= 0) upd = em_binary(e, "stablehlo.and", upd, valid);
+  *m = em_select(e, upd, v, *m);
+  *idx = em_select(e, upd, flat, *idx);
+}
+
 /* max_poolNd_with_indices(self, kernel_size, stride, padding, dilation, ceil_mode) -> (out, indices) */
 static void max_pool(tp_emit *e, const tp_node *n, tp_val *o, int nsp) {
   tp_val x = lw_value(e, n, 0);
@@ -1234,7 +1247,6 @@ static void max_pool(tp_emit *e, const tp_node *n, tp_val *o, int nsp) {
   tp_type it = vt;
   it.dt = TP_I64;
   tp_val m = em_full(e, 0, &vt), idx = em_full(e, -1, &it);
-  tp_val neg1 = em_full(e, -1, &it);
   int64_t koff[3] = {0, 0, 0};
   int64_t nk = 1;
   for (int i = 0; i < nsp; i++) nk *= pp.k[i];
@@ -1263,12 +1275,7 @@ static void max_pool(tp_emit *e, const tp_node *n, tp_val *o, int nsp) {
       valid = valid < 0 ? ok : em_binary(e, "stablehlo.and", valid, ok);
       flat = flat < 0 ? pos : add(e, mul(e, flat, em_full(e, (double)isz[i], &it)), pos);
     }
-    tp_val v = em_slice(e, xp, st, lim, str);
-    tp_val upd = em_binary(e, "stablehlo.or", em_compare(e, "EQ", idx, neg1), em_compare(e, "GT", v, m));
-    if (isf) upd = em_binary(e, "stablehlo.or", upd, em_compare(e, "NE", v, v));
-    upd = em_binary(e, "stablehlo.and", upd, valid);
-    m = em_select(e, upd, v, m);
-    idx = em_select(e, upd, flat, idx);
+    max_scan_step(e, em_slice(e, xp, st, lim, str), flat, valid, isf, &m, &idx);
   }
   o[0] = em_convert(e, m, ot->dt);
   if (n->nouts > 1) o[1] = em_convert(e, idx, n->outs[1].dt);
@@ -1646,7 +1653,7 @@ static void adaptive_max_pool(tp_emit *e, const tp_node *n, tp_val *o, int nsp) 
   tp_type it = vt;
   it.dt = TP_I64;
   int isf = tp_dtype_is_float(t.dt);
-  tp_val m = em_full(e, 0, &vt), idx = em_full(e, -1, &it), neg1 = em_full(e, -1, &it);
+  tp_val m = em_full(e, 0, &vt), idx = em_full(e, -1, &it);
   for (int64_t q = 0; q < nk && !em_failed(e); q++) {
     int64_t koff[3] = {0, 0, 0}, r = q;
     for (int i = nsp - 1; i >= 0; i--) {
@@ -1671,11 +1678,7 @@ static void adaptive_max_pool(tp_emit *e, const tp_node *n, tp_val *o, int nsp) 
         valid = valid < 0 ? ok : em_binary(e, "stablehlo.and", valid, ok);
       }
     }
-    tp_val upd = em_binary(e, "stablehlo.or", em_compare(e, "EQ", idx, neg1), em_compare(e, "GT", v, m));
-    if (isf) upd = em_binary(e, "stablehlo.or", upd, em_compare(e, "NE", v, v));
-    if (valid >= 0) upd = em_binary(e, "stablehlo.and", upd, valid);
-    m = em_select(e, upd, v, m);
-    idx = em_select(e, upd, flat, idx);
+    max_scan_step(e, v, flat, valid, isf, &m, &idx);
   }
   free(buf);
   o[0] = em_convert(e, m, ot->dt);
@@ -1758,7 +1761,7 @@ static void fractional_max_pool(tp_emit *e, const tp_node *n, tp_val *o, int nsp
   base = mul(e, base, em_full(e, (double)plane, &it));
   int64_t nk = 1;
   for (int i = 0; i < nsp; i++) nk *= k[i];
-  tp_val m = em_full(e, 0, &ft), idx = em_full(e, -1, &it), neg1 = em_full(e, -1, &it);
+  tp_val m = em_full(e, 0, &ft), idx = em_full(e, -1, &it);
   for (int64_t q = 0; q < nk && !em_failed(e); q++) {
     int64_t r = q, koff[3] = {0, 0, 0};
     for (int i = nsp - 1; i >= 0; i--) {
@@ -1772,11 +1775,7 @@ static void fractional_max_pool(tp_emit *e, const tp_node *n, tp_val *o, int nsp
     }
     /* clamped so that a bad sample (reported above) cannot read outside the input */
     tp_val at = em_clamp(e, em_const(e, 0, TP_I64), add(e, base, flat), em_const(e, (double)(numel_of(&t) - 1), TP_I64));
-    tp_val v = em_gather_flat(e, x, at);
-    tp_val upd = em_binary(e, "stablehlo.or", em_compare(e, "EQ", idx, neg1), em_compare(e, "GT", v, m));
-    upd = em_binary(e, "stablehlo.or", upd, em_compare(e, "NE", v, v));
-    m = em_select(e, upd, v, m);
-    idx = em_select(e, upd, flat, idx);
+    max_scan_step(e, em_gather_flat(e, x, at), flat, -1, 1, &m, &idx);
   }
   o[0] = em_convert(e, m, ot->dt);
   if (n->nouts > 1) o[1] = em_convert(e, idx, n->outs[1].dt);

@@ -539,7 +539,15 @@ def test_index_put_bool_mask():
         m = torch.tensor([True, False, True, False]).to(x.device)
         return x.index_put((m,), torch.ones(5).to(x.device), accumulate=True)
 
-    for f in (scalar, values, rows, cols, acc):
+    def none_selected(x):
+        # an all-false mask takes the empty x[mask] (torch.distributions'
+        # StudentT.variance: m[df > 2] = f(df[df > 2]))
+        y = x.clone()
+        m = y > 100
+        y[m] = y[m] * 2
+        return y.index_put((m,), torch.ones(0, device=y.device), accumulate=True)
+
+    for f in (scalar, values, rows, cols, acc, none_selected):
         check_rule(PUT, f, x)
 
 

@@ -1044,6 +1044,7 @@ static tp_val index_put_mask(tp_emit *e, const tp_node *n, tp_val x, const iplan
     lw_check_range(e, n, cnt, kv, kv + 1, TP_INVALID_ARGUMENT,
                    "shape mismatch: value tensor of shape [%s] cannot be broadcast to indexing result of shape [%s]",
                    vs, rs);
+    if (kv == 0) return x; /* no values: the check above leaves no true in the mask */
     tp_val pos = mask_positions(e, mask, kv);
     tp_type pt = *em_type(e, pos);
     if (!rank_ok(e, n, pt.rank + 1)) return -1;

@@ -76,7 +76,7 @@ def _check_sample(mi, sample, training, compiled):
         with pytest.raises(type(e)):
             mod = mi.module_cls(*ctor.args, **ctor.kwargs).train(training).to("tpu")
             _call(mod, fin, "tpu", 1, compiled)
-        return False
+        return
     mod_t = copy.deepcopy(mod2).to("tpu")
     _, out_c2 = _call(mod2, fin, "cpu", 2)
     ins_t, out_t = _call(mod_t, fin, "tpu", 1, compiled)
@@ -85,7 +85,7 @@ def _check_sample(mi, sample, training, compiled):
     if _differs(out_c, out_c2):  # random outputs
         for c, t in zip(flat_c, flat_t):
             assert (t.shape, t.dtype, t.device.type) == (c.shape, c.dtype, "tpu")
-        return True
+        return
     for i, (c, t) in enumerate(zip(flat_c, flat_t)):
         _close(t, c, f"output {i}")
     diff = [(c, t) for c, t in zip(flat_c, flat_t) if c.requires_grad]
@@ -104,7 +104,6 @@ def _check_sample(mi, sample, training, compiled):
                 _close(t.grad, c.grad, f"grad of {name}")
     for (name, c), (_, t) in zip(mod.named_buffers(), mod_t.named_buffers()):
         _close(t, c, f"buffer {name}")
-    return True
 
 
 def _samples(mi, training):

@@ -1762,6 +1762,8 @@ static void fractional_max_pool(tp_emit *e, const tp_node *n, tp_val *o, int nsp
   int64_t nk = 1;
   for (int i = 0; i < nsp; i++) nk *= k[i];
   tp_val m = em_full(e, 0, &ft), idx = em_full(e, -1, &it);
+  /* gather positions clamped, so that a bad sample (reported above) cannot read outside the input */
+  tp_val at_lo = em_const(e, 0, TP_I64), at_hi = em_const(e, (double)(numel_of(&t) - 1), TP_I64);
   for (int64_t q = 0; q < nk && !em_failed(e); q++) {
     int64_t r = q, koff[3] = {0, 0, 0};
     for (int i = nsp - 1; i >= 0; i--) {
@@ -1773,8 +1775,7 @@ static void fractional_max_pool(tp_emit *e, const tp_node *n, tp_val *o, int nsp
       tp_val pos = add(e, start[i], em_full(e, (double)koff[i], &it));
       flat = flat < 0 ? pos : add(e, mul(e, flat, em_full(e, (double)t.dims[L + i], &it)), pos);
     }
-    /* clamped so that a bad sample (reported above) cannot read outside the input */
-    tp_val at = em_clamp(e, em_const(e, 0, TP_I64), add(e, base, flat), em_const(e, (double)(numel_of(&t) - 1), TP_I64));
+    tp_val at = em_clamp(e, at_lo, add(e, base, flat), at_hi);
     max_scan_step(e, em_gather_flat(e, x, at), flat, -1, 1, &m, &idx);
   }
   o[0] = em_convert(e, m, ot->dt);

@@ -60,6 +60,51 @@ def test_round_trip(dtype):
     assert torch.equal(t.cpu(), x)
 
 
+def test_save_and_load_checkpoints(tmp_path):
+    """torch.save of tpu tensors keeps their device, views' shared storage and
+    dtypes; torch.load restores to tpu, or where map_location says (also
+    weights_only); a resumed model and optimizer continue as the CPU does."""
+    torch.manual_seed(0)
+    cpu = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.GELU(), torch.nn.Linear(8, 2))
+    tpu = copy.deepcopy(cpu).to("tpu")
+    x = torch.randn(16, 4)
+    opts = [torch.optim.AdamW(m.parameters(), lr=0.1) for m in (cpu, tpu)]
+    for m, opt, xx in [(cpu, opts[0], x), (tpu, opts[1], x.to("tpu"))]:
+        m(xx).square().mean().backward()
+        opt.step()
+    base = torch.arange(12.0).view(3, 4).to("tpu")
+    path = tmp_path / "ckpt.pt"
+    torch.save({"model": tpu.state_dict(), "opt": opts[1].state_dict(), "base": base, "view": base[:, 1:3],
+                "half": torch.randn(5, dtype=torch.bfloat16).to("tpu")}, path)
+    for kwargs in ({}, {"weights_only": True}, {"map_location": "tpu:0"}):
+        ck = torch.load(path, **kwargs)
+        assert ck["view"].device.type == "tpu" and ck["opt"]["state"][0]["exp_avg"].device.type == "tpu"
+        assert ck["view"].untyped_storage().data_ptr() == ck["base"].untyped_storage().data_ptr()
+        ck["base"][0, 1] = -1.0  # a write through the base shows in the loaded view
+        assert ck["view"].cpu()[0, 0].item() == -1.0 and ck["half"].dtype == torch.bfloat16
+    on_cpu = torch.load(path, map_location="cpu")
+    assert on_cpu["base"].device.type == "cpu" and torch.equal(on_cpu["view"], base[:, 1:3].cpu())
+    for k, v in cpu.state_dict().items():
+        assert torch.equal(on_cpu["model"][k], tpu.state_dict()[k].cpu())
+        torch.testing.assert_close(on_cpu["model"][k], v, rtol=1e-5, atol=1e-6)
+    # resume: a fresh tpu model and optimizer from the checkpoint take the next step as the CPU's
+    resumed = copy.deepcopy(cpu).to("tpu")
+    ropt = torch.optim.AdamW(resumed.parameters(), lr=0.1)
+    ck = torch.load(path)
+    resumed.load_state_dict(ck["model"])
+    ropt.load_state_dict(ck["opt"])
+    for m, opt, xx in [(cpu, opts[0], x), (resumed, ropt, x.to("tpu"))]:
+        opt.zero_grad()
+        m(xx).square().mean().backward()
+        opt.step()
+    for p, q in zip(cpu.parameters(), resumed.parameters()):
+        torch.testing.assert_close(q.cpu(), p.detach(), rtol=1e-5, atol=1e-6)
+    # a CPU checkpoint loads straight onto the device
+    torch.save(cpu.state_dict(), tmp_path / "cpu.pt")
+    sd = torch.load(tmp_path / "cpu.pt", map_location="tpu", weights_only=True)
+    assert all(v.device.type == "tpu" and torch.equal(v.cpu(), cpu.state_dict()[k]) for k, v in sd.items())
+
+
 def test_module_to_keeps_parameter_objects():
     """As for CUDA, .to("tpu") swaps each parameter's data in place: tied
     weights stay one Parameter, an optimizer made before the move updates the

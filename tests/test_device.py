@@ -69,9 +69,13 @@ def test_save_and_load_checkpoints(tmp_path):
     tpu = copy.deepcopy(cpu).to("tpu")
     x = torch.randn(16, 4)
     opts = [torch.optim.AdamW(m.parameters(), lr=0.1) for m in (cpu, tpu)]
-    for m, opt, xx in [(cpu, opts[0], x), (tpu, opts[1], x.to("tpu"))]:
-        m(xx).square().mean().backward()
-        opt.step()
+
+    def train_steps(pairs):
+        for m, opt, xx in pairs:
+            opt.zero_grad()
+            m(xx).square().mean().backward()
+            opt.step()
+    train_steps([(cpu, opts[0], x), (tpu, opts[1], x.to("tpu"))])
     base = torch.arange(12.0).view(3, 4).to("tpu")
     path = tmp_path / "ckpt.pt"
     torch.save({"model": tpu.state_dict(), "opt": opts[1].state_dict(), "base": base, "view": base[:, 1:3],
@@ -93,10 +97,7 @@ def test_save_and_load_checkpoints(tmp_path):
     ck = torch.load(path)
     resumed.load_state_dict(ck["model"])
     ropt.load_state_dict(ck["opt"])
-    for m, opt, xx in [(cpu, opts[0], x), (resumed, ropt, x.to("tpu"))]:
-        opt.zero_grad()
-        m(xx).square().mean().backward()
-        opt.step()
+    train_steps([(cpu, opts[0], x), (resumed, ropt, x.to("tpu"))])
     for p, q in zip(cpu.parameters(), resumed.parameters()):
         torch.testing.assert_close(q.cpu(), p.detach(), rtol=1e-5, atol=1e-6)
     # a CPU checkpoint loads straight onto the device

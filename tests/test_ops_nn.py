@@ -246,6 +246,26 @@ def test_batch_norm_train_no_stats(dtype, shape):
     check_any(lambda x: F.batch_norm(x, None, None, training=True), x, grad=True, dtype=dtype)
 
 
+@pytest.mark.parametrize("mu, sd", [(100.0, 0.01), (3.0, 1e-3), (0.0, 1.0)])
+def test_batch_norm_train_stats_where_mean_dwarfs_std(mu, sd):
+    """PyTorch's CPU kernel sums float32 statistics in double; ours stay in
+    float32 with a corrected two-pass mean and variance. Against float64, the
+    output's error must stay at the CPU's level even where |mean| >> std (a
+    plain two-pass mean was 6x the CPU's error at mean 100, std 0.01)."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(8, 16, 5, 5, generator=g) * sd + mu
+    running = (torch.zeros(16), torch.ones(16))
+    ref = F.batch_norm(x.double(), running[0].double(), running[1].double(), training=True)
+    cpu = F.batch_norm(x, *(r.clone() for r in running), training=True)
+    rt = tuple(r.to("tpu") for r in running)
+    got = F.batch_norm(x.to("tpu"), *rt, training=True).cpu()
+    ulp = torch.finfo(torch.float32).eps * ref.abs().max().item()
+    assert (got.double() - ref).abs().max().item() <= 2 * (cpu.double() - ref).abs().max().item() + 8 * ulp
+    # the running statistics too (unbiased variance)
+    torch.testing.assert_close(rt[0].cpu().double(), 0.1 * x.double().mean((0, 2, 3)), rtol=1e-6, atol=1e-7 * sd)
+    torch.testing.assert_close(rt[1].cpu().double(), 0.9 + 0.1 * x.double().var((0, 2, 3)), rtol=1e-5, atol=1e-7)
+
+
 def test_batch_norm_train_updates_running_stats():
     x = rnd(4, 3, 5, 5)
     rm, rv = torch.zeros(3), torch.ones(3)

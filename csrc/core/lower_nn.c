@@ -304,8 +304,14 @@ static void batch_norm(tp_emit *e, const tp_node *n, tp_val *o, int wi, int bi, 
     mean = mulk(e, rsum(e, x, rd, nr), invc);
     tp_val var;
     if (!lowp) {
+      /* PyTorch's CPU kernel accumulates in double.  In the input's dtype,
+       * the corrected two-pass form comes close: r = mean(x - m) is the
+       * rounding error of m, so m + r is the mean and mean((x - m)^2) - r^2
+       * the variance, accurate even where |mean| >> std. */
       tp_val d = sub(e, x, bcast(e, mean, &t, &ch));
-      var = mulk(e, rsum(e, mul(e, d, d), rd, nr), invc);
+      tp_val r = mulk(e, rsum(e, d, rd, nr), invc);
+      var = sub(e, mulk(e, rsum(e, mul(e, d, d), rd, nr), invc), mul(e, r, r));
+      mean = add(e, mean, r);
       invstd = dv(e, kf(e, var, 1), em_unary(e, "stablehlo.sqrt", add(e, var, kf(e, var, eps))));
     } else {
       /* Where PyTorch's CPU kernels round (measured against them): the mean

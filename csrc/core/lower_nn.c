@@ -307,10 +307,12 @@ static void batch_norm(tp_emit *e, const tp_node *n, tp_val *o, int wi, int bi, 
       /* PyTorch's CPU kernel accumulates in double.  In the input's dtype,
        * the corrected two-pass form comes close: r = mean(x - m) is the
        * rounding error of m, so m + r is the mean and mean((x - m)^2) - r^2
-       * the variance, accurate even where |mean| >> std. */
+       * the variance (clamped at 0 against rounding), accurate even where
+       * |mean| >> std. */
       tp_val d = sub(e, x, bcast(e, mean, &t, &ch));
       tp_val r = mulk(e, rsum(e, d, rd, nr), invc);
       var = sub(e, mulk(e, rsum(e, mul(e, d, d), rd, nr), invc), mul(e, r, r));
+      var = em_binary(e, "stablehlo.maximum", var, kf(e, var, 0));
       mean = add(e, mean, r);
       invstd = dv(e, kf(e, var, 1), em_unary(e, "stablehlo.sqrt", add(e, var, kf(e, var, eps))));
     } else {

@@ -60,6 +60,19 @@ MODELS = {
     # routed experts
     "mixtral": (_dec(T.MixtralForCausalLM, T.MixtralConfig, num_key_value_heads=2,
                      num_local_experts=4, num_experts_per_tok=2), "text"),
+    # multi-head latent attention (low-rank q/kv, split rope/nope heads); a dense layer, then
+    # shared + routed experts chosen by a biased, grouped top-k
+    "deepseek_v3": (_dec(T.DeepseekV3ForCausalLM, T.DeepseekV3Config, num_key_value_heads=4,
+                         n_routed_experts=4, num_experts_per_tok=2, n_group=1, topk_group=1,
+                         first_k_dense_replace=1, moe_intermediate_size=32, kv_lora_rank=16,
+                         q_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16), "text"),
+    # hybrid: gated DeltaNet linear attention (the chunked PyTorch path) and gated full
+    # attention layers, sparse experts with a shared expert
+    "qwen3_next": (_dec(T.Qwen3NextForCausalLM, T.Qwen3NextConfig, num_key_value_heads=2, head_dim=16,
+                        num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                        shared_expert_intermediate_size=64, linear_num_key_heads=2,
+                        linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
+                        layer_types=["linear_attention", "full_attention"]), "text"),
     # selective scan (the reference PyTorch path), depthwise causal conv
     "mamba": (lambda: T.MambaForCausalLM(T.MambaConfig(hidden_size=64, num_hidden_layers=2,
                                                          vocab_size=256, state_size=8)), "text"),

@@ -996,3 +996,30 @@ def test_memory_reserved_and_empty_cache():
     assert torch.tpu.max_memory_reserved() >= torch.tpu.memory_reserved()
     torch.tpu.empty_cache()
     del x
+
+
+def test_meta_init_default_device_and_export():
+    # Large models are built on "meta" and materialised on the device.
+    with torch.device("meta"):
+        lin = torch.nn.Linear(6, 4)
+    lin = lin.to_empty(device="tpu")
+    torch.nn.init.constant_(lin.weight, 0.5)
+    torch.nn.init.zeros_(lin.bias)
+    assert lin.weight.device.type == "tpu"
+    x = torch.randn(3, 6)
+    torch.testing.assert_close(lin(x.to("tpu")).cpu(), (x * 0.5).sum(1, keepdim=True).expand(3, 4))
+    # torch.device("tpu") as a context and as the default device
+    with torch.device("tpu"):
+        assert torch.nn.Linear(2, 2).weight.device.type == "tpu" and torch.ones(2).device.type == "tpu"
+    torch.set_default_device("tpu")
+    try:
+        assert torch.zeros(3).device.type == "tpu"
+    finally:
+        torch.set_default_device("cpu")
+    # torch.export of a tpu model, run eagerly and compiled
+    torch.manual_seed(0)
+    cpu_model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.GELU(), torch.nn.Linear(8, 2))
+    ref = cpu_model(x)
+    program = torch.export.export(copy.deepcopy(cpu_model).to("tpu"), (x.to("tpu"),))
+    torch.testing.assert_close(program.module()(x.to("tpu")).cpu(), ref)
+    torch.testing.assert_close(torch.compile(program.module(), backend="tpu")(x.to("tpu")).cpu(), ref)

@@ -339,6 +339,59 @@ def test_second_device():
     assert torch.equal(t0.cpu(), x)
 
 
+def test_data_parallel_on_two_devices():
+    # nn.DataParallel (scatter, replicate, parallel_apply, gather): the
+    # replicas run on tpu:0 and tpu:1, and training matches the CPU on the
+    # whole batch; BatchNorm statistics come from replica 0's half, as on CUDA.
+    from torch.nn.parallel import comm
+
+    torch.manual_seed(0)
+    cpu = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.LayerNorm(8), torch.nn.ReLU(),
+                              torch.nn.Linear(8, 3))
+    model = copy.deepcopy(cpu).to("tpu")
+    dp = torch.nn.DataParallel(model)
+    assert dp.device_ids == [0, 1]
+    seen = set()
+    model[0].register_forward_hook(lambda mod, inp, out: seen.add(out.device.index))
+    oc = torch.optim.SGD(cpu.parameters(), lr=0.1)
+    ot = torch.optim.SGD(model.parameters(), lr=0.1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "not compiled with NCCL support" per step
+        for _ in range(3):
+            x, y = torch.randn(6, 4), torch.randn(6, 3)
+            lc = ((cpu(x) - y) ** 2).mean()
+            out = dp(x)  # a CPU batch, scattered to the devices
+            assert out.device == torch.device("tpu", 0)
+            lt = ((out - y.to("tpu")) ** 2).mean()
+            oc.zero_grad(); lc.backward(); oc.step()
+            ot.zero_grad(); lt.backward(); ot.step()
+            assert lt.item() == pytest.approx(lc.item(), rel=1e-5)
+    assert seen == {0, 1}
+    for pc, pt in zip(cpu.parameters(), model.parameters()):
+        torch.testing.assert_close(pt.cpu(), pc, rtol=1e-5, atol=1e-6)
+
+    bn = torch.nn.BatchNorm1d(4)
+    bt = copy.deepcopy(bn).to("tpu")
+    x = torch.randn(6, 4)
+    torch.nn.DataParallel(bt)(x.to("tpu"))
+    bn(x[:3])
+    torch.testing.assert_close(bt.running_mean.cpu(), bn.running_mean)
+    out = torch.nn.DataParallel(model, output_device=1)(torch.randn(5, 4, device="tpu"))
+    assert out.shape == (5, 3) and out.device == torch.device("tpu", 1)
+
+    t = torch.arange(10.0, device="tpu")
+    parts = comm.scatter(t, [0, 1], chunk_sizes=[3, 7])
+    assert [p.device.index for p in parts] == [0, 1] and parts[1].tolist() == list(range(3, 10))
+    assert torch.equal(comm.gather(parts, destination=-1), t.cpu())
+    b = comm.broadcast(t, [0, 1])
+    assert b[0] is t and b[1].device.index == 1 and torch.equal(b[1].cpu(), t.cpu())
+    assert torch.equal(comm.reduce_add(b, 1).cpu(), 2 * t.cpu())
+    with pytest.raises(RuntimeError, match="must appear as the first on devices list"):
+        comm.broadcast(b[1], [0, 1])
+    with pytest.raises(RuntimeError, match="same length"):
+        comm.scatter(t, [0, 1], chunk_sizes=[10])
+
+
 def test_mixing_devices_raises():
     a = torch.ones(2, device="tpu:0")
     b = torch.ones(2, device="tpu:1")

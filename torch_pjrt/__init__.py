@@ -147,6 +147,9 @@ from .bucket import bucket  # noqa: E402,F401
 from . import _multiprocessing  # noqa: E402
 
 _multiprocessing.install()
+from . import _data_parallel  # noqa: E402
+
+_data_parallel.install()
 from . import distributed as _distributed  # noqa: E402
 
 _distributed.install()

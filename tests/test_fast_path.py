@@ -233,3 +233,21 @@ def test_like_factories_never_enter_python():
     assert calls == []
     assert all(o.stride() == x.stride() for o in outs)
     assert outs[1].cpu().eq(0).all() and outs[2].cpu().eq(1).all()
+
+
+def test_default_dtype_change_reaches_cached_ops():
+    """The default dtype decides an int tensor times a float's dtype; a
+    signature cached under float32 (in the handlers and for the C++ kernels)
+    must not keep answering float32 after torch.set_default_dtype."""
+    x = torch.arange(4).to(D)
+    ops = (lambda t: t * 1.5, lambda t: t + 2.5, torch.sigmoid, lambda t: t / 2, lambda t: torch.full_like(t, 1.5))
+    try:
+        for dt in (torch.float32, torch.float64, torch.float32, torch.float16, torch.float64):
+            torch.set_default_dtype(dt)
+            for _ in range(3):  # the Python kernel, the C fast path, the C++ kernel
+                for f in ops:
+                    got, want = f(x), f(x.cpu())
+                    assert got.dtype == want.dtype, (dt, got.dtype, want.dtype)
+                    torch.testing.assert_close(got.cpu(), want)
+    finally:
+        torch.set_default_dtype(torch.float32)

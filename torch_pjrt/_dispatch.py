@@ -1043,6 +1043,7 @@ class _Handler:
             gen.set_offset(_C.run(self.lowering, enc, None, refs, (gen.initial_seed(), gen.get_offset())))
 
     def __call__(self, args, kwargs):
+        _sync_default_dtype()
         if self.resolves_bits:
             args, kwargs = self._resolve_bits(args, kwargs)
         if self.index_lists:
@@ -1098,6 +1099,19 @@ class _Handler:
 
 _handlers = {}
 _DEVICES = {}  # index -> torch.device("tpu", index)
+_default_dtype = [torch.float32]  # the one the cached output specs hold for
+
+
+def _sync_default_dtype():
+    """Output specs depend on torch.get_default_dtype() (an int tensor times
+    1.5 is of that dtype), which no cache key holds: after a change, start the
+    handlers' caches and the core's table (the C++ kernels') over."""
+    dt = torch.get_default_dtype()
+    if dt is not _default_dtype[0]:
+        _default_dtype[0] = dt
+        for h in _handlers.values():
+            h.meta_cache.clear()
+        _C.specs_context(CODE[dt])
 
 
 def _handler(op):
@@ -1533,6 +1547,7 @@ def _kernel(h):
     names = [a.name for a in h.args_schema]
 
     def kernel(*args, **kwargs):
+        _sync_default_dtype()
         if h.has_bits(args, kwargs):  # _C.fast_call does not look at the bits
             return h(args, kwargs)
         flat = args

@@ -266,6 +266,7 @@ typedef struct spec_entry {
 
 static spec_entry **g_spec_buckets;
 static size_t g_spec_nbuckets, g_spec_n;
+static int g_spec_ctx = TP_F32;
 
 /* 0 if the signature cannot be a key (tensor lists). */
 static int spec_key(kbuf *k, const char *op, const tp_eager_arg *args, int nargs, int by_value) {
@@ -302,14 +303,25 @@ static void specs_clear_locked(void) {
   g_spec_nbuckets = g_spec_n = 0;
 }
 
-int tp_eager_specs_find(const char *op, const tp_eager_arg *args, int nargs, int numbers_by_value, tp_op_specs *out) {
+void tp_eager_specs_context(int ctx) {
+  tp_storage_lock();
+  if (ctx != g_spec_ctx) {
+    specs_clear_locked();
+    g_spec_ctx = ctx;
+  }
+  tp_storage_unlock();
+}
+
+int tp_eager_specs_find(const char *op, const tp_eager_arg *args, int nargs, int numbers_by_value, int ctx,
+                        tp_op_specs *out) {
   kbuf k;
   kb_init(&k);
   int found = 0;
   if (spec_key(&k, op, args, nargs, numbers_by_value)) {
     uint64_t h = hash_bytes(k.p, k.len);
     tp_storage_lock();
-    for (spec_entry *en = g_spec_nbuckets ? g_spec_buckets[h % g_spec_nbuckets] : NULL; en; en = en->next)
+    for (spec_entry *en = g_spec_nbuckets && ctx == g_spec_ctx ? g_spec_buckets[h % g_spec_nbuckets] : NULL; en;
+         en = en->next)
       if (en->hash == h && en->keylen == k.len && !memcmp(en->key, k.p, k.len)) {
         *out = en->specs;
         found = 1;

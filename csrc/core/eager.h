@@ -101,8 +101,14 @@ typedef struct tp_op_specs {
   int n;
   tp_out_spec out[TP_SPEC_MAX_OUTS];
 } tp_op_specs;
-/* 1 and *out filled if the signature was recorded, else 0. */
-int tp_eager_specs_find(const char *op, const tp_eager_arg *args, int nargs, int numbers_by_value, tp_op_specs *out);
+/* The process-wide setting that output specs depend on besides the
+ * arguments: PyTorch's default dtype, as a dtype code (int tensor * 1.5 is of
+ * that dtype).  Specs are recorded under the context last set (initially
+ * TP_F32); setting another one drops them all. */
+void tp_eager_specs_context(int ctx);
+/* 1 and *out filled if the signature was recorded under context ctx, else 0. */
+int tp_eager_specs_find(const char *op, const tp_eager_arg *args, int nargs, int numbers_by_value, int ctx,
+                        tp_op_specs *out);
 /* Record (best effort: out of memory, or a signature that cannot be cached,
  * records nothing).  At most TORCH_PJRT_SPEC_CACHE_SIZE signatures are kept
  * (default 65536); above it the table starts over. */

@@ -19,6 +19,7 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/empty_strided.h>
+#include <c10/core/DefaultDtype.h>
 #include <torch/library.h>
 
 #include <atomic>
@@ -197,7 +198,10 @@ struct FastKernel final : c10::OperatorKernel {
     }
     if (device < 0) return false;
     tp_op_specs specs;
-    if (!tp_eager_specs_find(op.c_str(), ea, static_cast<int>(n), by_value, &specs)) return false;
+    // Specs recorded under another default dtype do not count: the Python
+    // kernel notices the change and starts the table over.
+    const int ctx = static_cast<int>(c10::get_default_dtype_as_scalartype());
+    if (!tp_eager_specs_find(op.c_str(), ea, static_cast<int>(n), by_value, ctx, &specs)) return false;
     if (static_cast<size_t>(specs.n) != nreturns) return false;
 
     std::vector<at::Tensor> outs;

@@ -664,6 +664,14 @@ static PyObject *py_disk_cache_error(PyObject *self, PyObject *unused) {
   return PyUnicode_FromString(buf);
 }
 
+static PyObject *py_specs_context(PyObject *self, PyObject *arg) {
+  (void)self;
+  long ctx = PyLong_AsLong(arg);
+  if (ctx == -1 && PyErr_Occurred()) return NULL;
+  tp_eager_specs_context((int)ctx);
+  Py_RETURN_NONE;
+}
+
 static PyObject *py_clear_cache(PyObject *self, PyObject *unused) {
   (void)self;
   (void)unused;
@@ -961,6 +969,8 @@ static PyMethodDef methods[] = {
     {"set_disk_cache", py_set_disk_cache, METH_VARARGS, "set_disk_cache(dir or None, cap_bytes)"},
     {"disk_cache_error", py_disk_cache_error, METH_NOARGS, "last disk cache warning, or None"},
     {"clear_cache", py_clear_cache, METH_NOARGS, "drop all cached programs"},
+    {"specs_context", py_specs_context, METH_O,
+     "specs_context(dtype_code): the default dtype the recorded output specs hold for (a change drops them)"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -216,9 +216,10 @@ TEST(test_errors) {
   tp_storage_free(o);
 }
 
-/* The output-spec table: found only for the same op and signature; a
- * number's value matters only when the op is keyed by values; tensor lists
- * are never recorded; the cap starts the table over. */
+/* The output-spec table: found only for the same op and signature, under
+ * the context (default dtype) it was recorded in; a number's value matters
+ * only when the op is keyed by values; tensor lists are never recorded; a
+ * new context and the cap start the table over. */
 TEST(test_output_specs) {
   tp_storage *a = iota_storage();
   int64_t sz[2] = {3, 4}, st[2] = {4, 1}, tst[2] = {1, 4};
@@ -226,27 +227,35 @@ TEST(test_output_specs) {
   tp_eager_arg args[2] = {tensor_arg(&r), scalar_arg(2.0)};
   tp_op_specs rec = {.n = 2}, got;
   rec.out[0] = (tp_out_spec){.defined = 1, .dt = TP_F32, .rank = 2, .sizes = {3, 4}, .strides = {4, 1}};
-  CHECK(!tp_eager_specs_find("aten::mul.Tensor", args, 2, 0, &got));
+  CHECK(!tp_eager_specs_find("aten::mul.Tensor", args, 2, 0, TP_F32, &got));
   tp_eager_specs_record("aten::mul.Tensor", args, 2, 0, &rec);
   memset(&got, 0x5a, sizeof got);
-  CHECK(tp_eager_specs_find("aten::mul.Tensor", args, 2, 0, &got));
+  CHECK(tp_eager_specs_find("aten::mul.Tensor", args, 2, 0, TP_F32, &got));
   CHECK(got.n == 2 && got.out[0].defined && got.out[0].dt == TP_F32 && got.out[0].sizes[1] == 4 &&
         got.out[0].strides[0] == 4 && !got.out[1].defined);
-  CHECK(!tp_eager_specs_find("aten::add.Tensor", args, 2, 0, &got)); /* another op */
+  CHECK(!tp_eager_specs_find("aten::add.Tensor", args, 2, 0, TP_F32, &got)); /* another op */
+  CHECK(!tp_eager_specs_find("aten::mul.Tensor", args, 2, 0, TP_F64, &got)); /* another default dtype */
+  tp_eager_specs_context(TP_F32);                                            /* the same: kept */
+  CHECK(tp_eager_specs_find("aten::mul.Tensor", args, 2, 0, TP_F32, &got));
+  tp_eager_specs_context(TP_F64); /* a change drops every spec */
+  CHECK(!tp_eager_specs_find("aten::mul.Tensor", args, 2, 0, TP_F64, &got));
+  tp_eager_specs_context(TP_F32);
+  CHECK(!tp_eager_specs_find("aten::mul.Tensor", args, 2, 0, TP_F32, &got));
+  tp_eager_specs_record("aten::mul.Tensor", args, 2, 0, &rec);
   tp_eager_number_f64(&args[1].a, -7.5);                             /* another value, same type */
-  CHECK(tp_eager_specs_find("aten::mul.Tensor", args, 2, 0, &got));
+  CHECK(tp_eager_specs_find("aten::mul.Tensor", args, 2, 0, TP_F32, &got));
   CHECK(args[1].a.i == -7 && args[1].a.sdt == TP_F64 && args[1].a.wrapped);
-  CHECK(!tp_eager_specs_find("aten::mul.Tensor", args, 2, 1, &got)); /* keyed by value */
+  CHECK(!tp_eager_specs_find("aten::mul.Tensor", args, 2, 1, TP_F32, &got)); /* keyed by value */
   tp_eager_number_int(&args[1].a, 3, 0);                             /* an int: another signature */
-  CHECK(!tp_eager_specs_find("aten::mul.Tensor", args, 2, 0, &got));
+  CHECK(!tp_eager_specs_find("aten::mul.Tensor", args, 2, 0, TP_F32, &got));
   tp_eager_number_f64(&args[1].a, 1e300); /* no integer view, and no overflow */
   CHECK(args[1].a.i == 0);
   args[0] = tensor_arg(&rt); /* other strides */
-  CHECK(!tp_eager_specs_find("aten::mul.Tensor", args, 2, 0, &got));
+  CHECK(!tp_eager_specs_find("aten::mul.Tensor", args, 2, 0, TP_F32, &got));
   const tp_tensor_ref *list[1] = {&r};
   tp_eager_arg tl = {.a = {.kind = TP_ARG_TENSORS, .n = 1}, .ts = list};
   tp_eager_specs_record("aten::cat", &tl, 1, 0, &rec);
-  CHECK(!tp_eager_specs_find("aten::cat", &tl, 1, 0, &got));
+  CHECK(!tp_eager_specs_find("aten::cat", &tl, 1, 0, TP_F32, &got));
   /* over the cap the table starts over */
   setenv("TORCH_PJRT_SPEC_CACHE_SIZE", "4", 1);
   args[0] = tensor_arg(&r);
@@ -255,13 +264,13 @@ TEST(test_output_specs) {
     tp_eager_specs_record("aten::pow.Tensor_Scalar", args, 2, 1, &rec);
   }
   tp_eager_number_f64(&args[1].a, 5);
-  CHECK(tp_eager_specs_find("aten::pow.Tensor_Scalar", args, 2, 1, &got));
+  CHECK(tp_eager_specs_find("aten::pow.Tensor_Scalar", args, 2, 1, TP_F32, &got));
   tp_eager_number_f64(&args[1].a, 0);
-  CHECK(!tp_eager_specs_find("aten::pow.Tensor_Scalar", args, 2, 1, &got));
+  CHECK(!tp_eager_specs_find("aten::pow.Tensor_Scalar", args, 2, 1, TP_F32, &got));
   unsetenv("TORCH_PJRT_SPEC_CACHE_SIZE");
   tp_eager_clear_cache();
   tp_eager_number_f64(&args[1].a, 5);
-  CHECK(!tp_eager_specs_find("aten::pow.Tensor_Scalar", args, 2, 1, &got));
+  CHECK(!tp_eager_specs_find("aten::pow.Tensor_Scalar", args, 2, 1, TP_F32, &got));
   tp_storage_free(a);
 }
 

@@ -1147,3 +1147,43 @@ def test_compiled_norm_statistics_have_the_cpus_types():
     for g, e in zip(got, expected):
         assert (g.dtype, g.shape) == (e.dtype, e.shape)
         torch.testing.assert_close(g.cpu(), e, rtol=1.6e-2, atol=1e-2)
+
+
+def test_dynamo_does_not_trace_the_attention_kernels():
+    """MultiheadAttention with a float attn_mask and a bool key_padding_mask
+    graph-breaks (F._canonical_mask warns) and runs eagerly under Dynamo's
+    frame hook: the SDPA kernels of _attention.py it reaches are not user
+    frames to compile (each was a graph run op by op)."""
+    torch.manual_seed(0)
+    mha = torch.nn.MultiheadAttention(8, 2, batch_first=True)
+    mt = copy.deepcopy(mha).to("tpu")
+    f = torch.compile(lambda x, am, kpm: mt(x, x, x, attn_mask=am, key_padding_mask=kpm, need_weights=False)[0],
+                      backend="tpu")
+    torch._dynamo.reset()
+    before = torch_pjrt.metrics()["graphs_eager"]
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "Support for mismatched key_padding_mask")
+        for n in (5, 6, 7):
+            x, am = torch.randn(2, n, 8), torch.zeros(n, n)
+            kpm = torch.zeros(2, n, dtype=torch.bool)
+            kpm[1, -1] = True
+            expected = mha(x, x, x, attn_mask=am, key_padding_mask=kpm, need_weights=False)[0]
+            out = f(x.to("tpu"), am.to("tpu"), kpm.to("tpu"))
+            torch.testing.assert_close(out.detach().cpu(), expected.detach(), rtol=1e-5, atol=1e-5)
+    assert torch_pjrt.metrics()["graphs_eager"] == before
+    assert not any("sdp" in name for name in torch_pjrt._compile.compile_counts())
+
+
+def test_number_outputs_of_a_graph_are_returned_as_constants():
+    """A graph returning Python numbers (sizes that _Specialize made
+    concrete) is one program; the numbers come back as they are."""
+    f = torch.compile(lambda x: (x * 2, x.shape[0] * 3, x.shape[1] / 2), backend="tpu", dynamic=True)
+    before = torch_pjrt.metrics()
+    for n in (3, 4):
+        x = torch.randn(n, 5)
+        y, a, b = f(x.to("tpu"))
+        torch.testing.assert_close(y.cpu(), x * 2)
+        assert (a, b) == (n * 3, 2.5)
+    after = torch_pjrt.metrics()
+    assert after["graphs_eager"] == before["graphs_eager"]
+    assert after["graphs_lowered"] >= before["graphs_lowered"] + 2

@@ -385,7 +385,7 @@ class GraphProgram:
                 flat = _C.graph_add(self.gid, "aten::slice.Tensor", (("V", pid), 0, off, off + k, 1), [(code, (k,))])
                 values[n] = _C.graph_add(self.gid, "aten::view", (("V", flat), list(shape)), [(code, shape)])
                 off += k
-        self.outputs = []  # per graph output: ("v", k) k-th program output | ("in", i) | ("host", k) | ("none",)
+        self.outputs = []  # per graph output: ("v", k) k-th program output | ("in", i) | ("host", k) | ("const", value)
         self.out_specs = []
         # Inputs the graph mutates (copy_ into a placeholder, kept in the graph
         # by keep_inference_input_mutations): input index -> new value id.  The
@@ -827,8 +827,8 @@ class GraphProgram:
                     self.outputs.append(("alias", ("in", i), view, (tuple(r.shape), tuple(r.stride())), chain))
                 else:
                     self.outputs.append(("alias", ("v", program_output(root)), view, None, chain))
-            elif o is None:
-                self.outputs.append(("none",))
+            elif not isinstance(o, torch.fx.Node):  # None, or a number (a size _Specialize made concrete)
+                self.outputs.append(("const", o))
             elif o in self.ph_index:  # an input returned as it is
                 self.outputs.append(("in", self.ph_index[o]))
             elif o in self.host_out_index:
@@ -914,7 +914,7 @@ class GraphProgram:
             elif kind[0] == "host":
                 result.append(host_vals[kind[1]])
             else:
-                result.append(None)
+                result.append(kind[1])
         return result
 
 
@@ -1671,7 +1671,7 @@ def _skip_kernel_frames():
 
         from . import _dispatch, device
 
-        trace_rules.SKIP_DIRS.extend(m.__file__ for m in (_dispatch, _composite, device))
+        trace_rules.SKIP_DIRS.extend(m.__file__ for m in (_dispatch, _composite, _attention, device))
         trace_rules._recompile_re()
     except Exception:
         pass

@@ -1404,6 +1404,22 @@ def _register_fake_kernels():
     spec_fixed._tp = True
     fake_impls.op_implementations_checks.insert(0, (fixes.__contains__, spec_fixed))
 
+    # The fused RNN cells without biases (LSTMCell(bias=False)): PyTorch's
+    # meta function reads .device of the None biases.  On tpu they are
+    # traced through the kernels eager mode runs (_composite).
+    cells = {torch.ops.aten._thnn_fused_lstm_cell.default: _composite._lstm_cell,
+             torch.ops.aten._thnn_fused_gru_cell.default: _composite._gru_cell}
+
+    def cell_without_bias(fake_mode, func, *args, **kwargs):
+        vals = _schema_args(func, args, kwargs)
+        if vals[3] is not None or not isinstance(vals[0], FakeTensor) or vals[0].fake_device.type != "tpu":
+            return NotImplemented
+        with fake_mode:
+            return cells[func](*args, **kwargs)
+
+    cell_without_bias._tp = True
+    fake_impls.op_implementations_checks.insert(0, (cells.__contains__, cell_without_bias))
+
 
 def _fftfreq(n, d=1.0, *, dtype=None, layout=None, device=None, pin_memory=None):
     # ATen's fft_fftfreq: arange(n), its upper half replaced by -(n//2)..-1, times 1/(n*d)

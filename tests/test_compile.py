@@ -1222,3 +1222,48 @@ def test_rnn_cells_without_bias_compile(cell):
     torch.testing.assert_close(xt.grad.cpu(), x.grad, rtol=1e-5, atol=1e-6)
     for p, q in params:
         torch.testing.assert_close(p.grad.cpu(), q.grad, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("training", [False, True])
+def test_rrelu_lowered_into_the_program(training):
+    """rrelu_with_noise_functional (F.rrelu in a functionalized graph)
+    decomposes into the program instead of splitting the graph.  Eval mode
+    is leaky_relu with the mean slope, as on the CPU; training draws each
+    slope for x <= 0 from U(lower, upper) (1 elsewhere), records it in the
+    noise and differentiates through it."""
+    x = torch.randn(4, 6)
+    x[0, :3] = 0.0
+    g = torch.randn(4, 6)
+    lower, upper = 0.05, 0.6
+
+    def f(x, noise):
+        return torch.ops.aten.rrelu_with_noise(x, noise, lower, upper, training) * 1
+
+    before = torch_pjrt.metrics()
+    xt = x.to("tpu").requires_grad_()
+    noise = torch.full((4, 6), -1.0, device="tpu")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        out = torch.compile(f, backend="tpu")(xt, noise)
+        out.backward(g.to("tpu"))
+        cf = torch.compile(lambda x: torch.nn.functional.rrelu(x, lower, upper, training=training), backend="tpu")
+        out_f = cf(x.to("tpu"))
+    after = torch_pjrt.metrics()
+    assert after["graphs_split"] == before["graphs_split"] and after["graphs_eager"] == before["graphs_eager"]
+    xc = x.clone().requires_grad_()
+    if not training:
+        expected = torch.nn.functional.rrelu(xc, lower, upper, training=False)
+        expected.backward(g)
+        torch.testing.assert_close(out.detach().cpu(), expected.detach(), rtol=0, atol=0)
+        torch.testing.assert_close(out_f.cpu(), expected.detach(), rtol=0, atol=0)
+        torch.testing.assert_close(xt.grad.cpu(), xc.grad, rtol=0, atol=0)
+        assert (noise.cpu() == -1).all()  # eval mode leaves the noise alone, as the CPU does
+        return
+    n = noise.cpu()
+    neg = x <= 0
+    assert ((n[neg] >= lower) & (n[neg] <= upper)).all() and (n[~neg] == 1).all()
+    assert n[neg].unique().numel() > 1
+    torch.testing.assert_close(out.detach().cpu(), x * n, rtol=0, atol=0)
+    torch.testing.assert_close(xt.grad.cpu(), g * n, rtol=0, atol=0)
+    slope = out_f.cpu() / x
+    assert ((slope[x < 0] >= lower) & (slope[x < 0] <= upper)).all() and (out_f.cpu()[x > 0] == x[x > 0]).all()

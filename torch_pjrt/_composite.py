@@ -374,6 +374,16 @@ def _rrelu_with_noise_(x, noise, lower=0.125, upper=1.0 / 3.0, training=False, g
     return x.copy_(_rrelu_with_noise(x, noise, lower, upper, training, generator))
 
 
+def _rrelu_with_noise_functional(x, noise, lower=0.125, upper=1.0 / 3.0, training=False, generator=None):
+    """rrelu_with_noise as functionalized graphs hold it, the noise returned
+    as a new tensor (compiled mode's decomposition, in functional ops)."""
+    if not training:
+        return F.leaky_relu(x, (lower + upper) / 2), noise.clone()
+    slope = torch.ops.aten.uniform.default(torch.empty_like(x), lower, upper, generator=generator)
+    neg = x <= 0
+    return torch.where(neg, x * slope, x), torch.where(neg, slope, torch.ones_like(slope)).to(noise.dtype)
+
+
 def _multilabel_margin_loss_forward(x, target, reduction):
     """Per sample: the hinge 1 - (x[y] - x[i]) summed over its target classes
     y (the entries before the first -1, repeats counted) and its non-target
@@ -761,6 +771,7 @@ KERNELS = {
     "aten::mode": _mode,
     "aten::rrelu_with_noise": _rrelu_with_noise,
     "aten::rrelu_with_noise_": _rrelu_with_noise_,
+    "aten::rrelu_with_noise_functional": _rrelu_with_noise_functional,
     "aten::_thnn_fused_lstm_cell": _lstm_cell,
     "aten::_thnn_fused_lstm_cell_backward_impl": _lstm_cell_backward,
     "aten::_thnn_fused_gru_cell": _gru_cell,

@@ -1407,3 +1407,20 @@ def test_dtypes_the_cpu_refuses_raise_not_implemented(fn, dtype):
         fn(x)
     with pytest.raises(NotImplementedError, match=f"not implemented for '{str(dtype).split('.')[1]}' on tpu"):
         fn(x.to("tpu")).cpu()
+
+
+@pytest.mark.parametrize("dt", [torch.complex64, torch.complex128])
+def test_complex_special_values(dt):
+    """abs, isinf and norms of complex numbers with infinite or NaN parts take
+    C's cabs/isinf rules, as the CPU's: an infinite part wins over a NaN
+    (XLA:CPU's complex abs gave |re| for an imaginary NaN); isinf looks at
+    either part, also where the magnitude overflows."""
+    nan, inf = math.nan, math.inf
+    big = 3e38 if dt == torch.complex64 else 1e308
+    z = torch.tensor([complex(0, nan), complex(1, nan), complex(nan, inf), complex(inf, nan), complex(nan, 0),
+                      complex(-inf, 1), complex(3, -4), 0j, complex(big, big), complex(1e-30, 1e30)], dtype=dt)
+    zt = z.to("tpu")
+    for f in (torch.abs, torch.isinf, torch.isfinite, torch.isnan, lambda v: torch.linalg.vector_norm(v[:, None], dim=1),
+              lambda v: torch.linalg.vector_norm(v[:3]), torch.angle):
+        torch.testing.assert_close(f(zt).cpu(), f(z), equal_nan=True, rtol=1e-6, atol=0)
+    assert torch.isinf(zt).tolist() == [False, False, True, True, False, True, False, False, False, False]

@@ -297,11 +297,28 @@ const char *tp_scalar_type_name(tp_dtype d) {
   }
 }
 
+void lw_complex_parts(tp_emit *e, tp_val x, tp_val *re, tp_val *im) {
+  tp_type pt = *em_type(e, x);
+  pt.dt = pt.dt == TP_C64 ? TP_F32 : TP_F64;
+  *re = em_op(e, "stablehlo.real", NULL, &x, 1, &pt);
+  *im = em_op(e, "stablehlo.imag", NULL, &x, 1, &pt);
+}
+
 tp_val lw_abs(tp_emit *e, tp_val x) {
   tp_type t = *em_type(e, x);
-  if (t.dt == TP_C64) t.dt = TP_F32;
-  else if (t.dt == TP_C128) t.dt = TP_F64;
-  return em_op(e, "stablehlo.abs", NULL, &x, 1, &t);
+  if (!tp_dtype_is_complex(t.dt)) return em_op(e, "stablehlo.abs", NULL, &x, 1, &t);
+  /* hypot's special values, as PyTorch's (C's cabs): an infinite part gives
+   * inf, even beside NaN; else a NaN part gives NaN (XLA:CPU's expansion
+   * gives |re| for an imaginary NaN). */
+  tp_val re, im;
+  lw_complex_parts(e, x, &re, &im);
+  t.dt = em_type(e, re)->dt;
+  tp_val a = em_op(e, "stablehlo.abs", NULL, &x, 1, &t), inf = lw_full_like(e, a, INFINITY);
+  tp_val are = em_unary(e, "stablehlo.abs", re), aim = em_unary(e, "stablehlo.abs", im);
+  tp_val anyinf = em_binary(e, "stablehlo.or", em_compare(e, "EQ", are, inf), em_compare(e, "EQ", aim, inf));
+  tp_val anynan = em_binary(e, "stablehlo.or", em_compare(e, "NE", re, re), em_compare(e, "NE", im, im));
+  a = em_select(e, anynan, lw_full_like(e, a, NAN), a);
+  return em_select(e, anyinf, inf, a);
 }
 
 tp_val lw_not_for(tp_emit *e, const char *what, tp_dtype d) {

@@ -471,9 +471,8 @@ static void r_conj_physical(tp_emit *e, const tp_node *n, tp_val *o) {
   tp_val x = lw_value(e, n, 0);
   tp_type t = *em_type(e, x);
   if (isc(t.dt)) {
-    tp_type pt = t;
-    pt.dt = t.dt == TP_C64 ? TP_F32 : TP_F64;
-    tp_val parts[2] = {em_op(e, "stablehlo.real", NULL, &x, 1, &pt), em_op(e, "stablehlo.imag", NULL, &x, 1, &pt)};
+    tp_val parts[2];
+    lw_complex_parts(e, x, &parts[0], &parts[1]);
     parts[1] = un(e, "stablehlo.negate", parts[1]);
     x = em_op(e, "stablehlo.complex", NULL, parts, 2, &t);
   }
@@ -676,6 +675,13 @@ static void r_isnan(tp_emit *e, const tp_node *n, tp_val *o) {
 }
 static void r_isinf(tp_emit *e, const tp_node *n, tp_val *o) {
   tp_val x = lw_value(e, n, 0);
+  if (isc(em_type(e, x)->dt)) { /* either part infinite */
+    tp_val re, im;
+    lw_complex_parts(e, x, &re, &im);
+    o[0] = em_binary(e, "stablehlo.or", em_compare(e, "EQ", un(e, "stablehlo.abs", re), k(e, re, INFINITY)),
+                     em_compare(e, "EQ", un(e, "stablehlo.abs", im), k(e, im, INFINITY)));
+    return;
+  }
   if (!isf(em_type(e, x)->dt)) {
     o[0] = em_full(e, 0, OUT0);
     return;

@@ -658,10 +658,11 @@ static void r_assert_async(tp_emit *e, const tp_node *n, tp_val *o) {
   if (t.dt == TP_BOOL) {
     ok = x;
   } else if (tp_dtype_is_complex(t.dt)) {
-    tp_type pt = tp_type_make(t.dt == TP_C64 ? TP_F32 : TP_F64, 0, NULL);
-    tp_val re = em_op(e, "stablehlo.real", NULL, &x, 1, &pt), im = em_op(e, "stablehlo.imag", NULL, &x, 1, &pt);
-    ok = em_binary(e, "stablehlo.or", em_compare(e, "NE", re, em_const(e, 0, pt.dt)),
-                   em_compare(e, "NE", im, em_const(e, 0, pt.dt)));
+    tp_val re, im;
+    lw_complex_parts(e, x, &re, &im);
+    tp_dtype pdt = em_type(e, re)->dt;
+    ok = em_binary(e, "stablehlo.or", em_compare(e, "NE", re, em_const(e, 0, pdt)),
+                   em_compare(e, "NE", im, em_const(e, 0, pdt)));
   } else {
     ok = em_compare(e, "NE", x, em_const(e, 0, t.dt));
   }

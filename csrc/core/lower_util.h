@@ -40,6 +40,8 @@ tp_val lw_value(tp_emit *e, const tp_node *n, int i);
 /* Scalar or tensor argument i, converted to dt and broadcast to type t. */
 tp_val lw_operand(tp_emit *e, const tp_node *n, int i, const tp_type *t);
 
+/* The real and imaginary parts of complex x (f32 for c64, f64 for c128). */
+void lw_complex_parts(tp_emit *e, tp_val x, tp_val *re, tp_val *im);
 /* |x|; of a complex value, its real magnitude (f32 for c64, f64 for c128). */
 tp_val lw_abs(tp_emit *e, tp_val x);
 

@@ -773,6 +773,26 @@ def test_linspace(start, end, steps, dtype):
     assert_close(got, torch.linspace(start, end, steps, dtype=dtype))
 
 
+@pytest.mark.parametrize("dtype", [F32, torch.float64, torch.float16, BF16, torch.complex64, torch.complex128])
+def test_logspace_and_complex_linspace(dtype):
+    """logspace lowered as the CPU kernel computes it (exponents and power in
+    double for real dtypes: float16/bfloat16 results equal the CPU's), and
+    complex endpoints keep their imaginary parts (they were dropped)."""
+    args = [(0, 2, 3), (-2.0, 1, 50), (4.3, -3, 2), (1, 3, 1), (4.3, -3, 1), (-1.5, 2.5, 7)]
+    if dtype.is_complex:
+        args += [(0, 2j, 3), (1 + 1j, 2 + 3j, 5), (-1 - 2j, 0.5j, 8)]
+    for a in args:
+        for base in (10.0, 2.0, 0.5, -2.0):
+            with lowered() as names:
+                got = torch.logspace(*a, base=base, dtype=dtype, device="tpu")
+            assert "aten::logspace.out" in names
+            want = torch.logspace(*a, base=base, dtype=dtype)
+            exact = dtype in (torch.float16, BF16)
+            torch.testing.assert_close(got.cpu(), want, equal_nan=True, **(dict(rtol=0, atol=0) if exact else {}))
+        if dtype.is_complex:
+            torch.testing.assert_close(torch.linspace(*a, dtype=dtype, device="tpu").cpu(), torch.linspace(*a, dtype=dtype))
+
+
 @pytest.mark.parametrize("nm,dtype", [((3,), None), ((3, 5), None), ((4, 2), I64), ((3,), torch.bool), ((2, 3), BF16)])
 def test_eye(nm, dtype):
     with lowered() as names:

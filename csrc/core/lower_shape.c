@@ -1778,19 +1778,17 @@ static void arange_from(tp_emit *e, const tp_node *n, tp_val *o, int start_i) {
 static void r_arange_end(tp_emit *e, const tp_node *n, tp_val *o) { arange_from(e, n, o, -1); }
 static void r_arange_start(tp_emit *e, const tp_node *n, tp_val *o) { arange_from(e, n, o, 0); }
 
-static void r_linspace_out(tp_emit *e, const tp_node *n, tp_val *o) {
+/* linspace's values in dtype cdt, as PyTorch's CPU kernel computes them:
+ * start and end first cast to the output dtype (Scalar::to<scalar_t>), then
+ * step = (end - start) / (steps - 1); the first half counts up from start,
+ * the second down from end. */
+static tp_val linspace_in(tp_emit *e, const tp_node *n, tp_dtype cdt) {
   tp_dtype dt = OUT0->dt;
   int64_t steps = OUT0->dims[0];
-  int isint = !tp_dtype_is_float(dt);
-  tp_dtype cdt = isint ? TP_F64 : lw_opmath(dt);
   tp_type ct = lw_out_as(n, 0, cdt);
-  /* start/end are first cast to the output dtype (PyTorch: Scalar::to<scalar_t>) */
   tp_val s0 = em_convert(e, lw_tensor(e, n, 0, dt), cdt), e0 = em_convert(e, lw_tensor(e, n, 1, dt), cdt);
   tp_val start = em_bcast_in_dim(e, s0, &ct, NULL);
-  if (steps == 1) {
-    o[0] = em_convert(e, start, dt);
-    return;
-  }
+  if (steps == 1) return start;
   tp_val end = em_bcast_in_dim(e, e0, &ct, NULL);
   /* A true division, as on the CPU: XLA rewrites x / constant into
    * x * (1 / constant), which is inexact (49 -> 0.0204...: integer results
@@ -1805,7 +1803,31 @@ static void r_linspace_out(tp_emit *e, const tp_node *n, tp_val *o) {
   tp_val lo = add(e, start, mul(e, step, fi));
   tp_val hi = sub(e, end, mul(e, step, sub(e, em_full(e, (double)(steps - 1), &ct), fi)));
   tp_val first = em_compare(e, "LT", ii, ki_like(e, ii, steps / 2));
-  o[0] = em_convert(e, em_select(e, first, lo, hi), dt);
+  return em_select(e, first, lo, hi);
+}
+
+static int is_real_int(tp_dtype dt) { return !tp_dtype_is_float(dt) && !tp_dtype_is_complex(dt); }
+
+static void r_linspace_out(tp_emit *e, const tp_node *n, tp_val *o) {
+  tp_dtype dt = OUT0->dt;
+  o[0] = em_convert(e, linspace_in(e, n, is_real_int(dt) ? TP_F64 : lw_opmath(dt)), dt);
+}
+
+/* logspace(start, end, steps, base) = base ** linspace's values, computed in
+ * double for real dtypes and in the output's dtype for complex ones, as the
+ * CPU kernel does (which fills a one-step result with base ** start in
+ * double precision). */
+static void r_logspace_out(tp_emit *e, const tp_node *n, tp_val *o) {
+  tp_dtype dt = OUT0->dt, cdt = tp_dtype_is_complex(dt) ? dt : TP_F64;
+  tp_val x;
+  if (OUT0->dims[0] == 1) { /* one step: base ** start, start not cast to dt first */
+    cdt = tp_dtype_is_complex(dt) ? TP_C128 : TP_F64;
+    tp_type ct = lw_out_as(n, 0, cdt);
+    x = em_bcast_in_dim(e, lw_tensor(e, n, 0, cdt), &ct, NULL);
+  } else {
+    x = linspace_in(e, n, cdt);
+  }
+  o[0] = em_convert(e, em_binary(e, "stablehlo.power", lw_full_like(e, x, lw_float(n, 3, 10.0)), x), dt);
 }
 
 static void r_eye_out(tp_emit *e, const tp_node *n, tp_val *o) {
@@ -1866,6 +1888,7 @@ const tp_lower_entry tp_lower_shape[] = {
     {"aten::arange", r_arange_end},
     {"aten::arange.start", r_arange_start},
     {"aten::linspace.out", r_linspace_out},
+    {"aten::logspace.out", r_logspace_out},
     {"aten::eye.out", r_eye_out},
     {"aten::eye.m_out", r_eye_out},
     {NULL, NULL},

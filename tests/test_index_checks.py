@@ -69,6 +69,10 @@ CASES = {
                                                    T(torch.ones(3, 3))),
                              RuntimeError, "shape mismatch: value tensor of shape [3, 3] cannot be broadcast to "
                                            "indexing result of shape [2, 3]"),
+    "masked_scatter": (lambda x, T: x.masked_scatter(T(x > 3), T(torch.ones(4))), RuntimeError,
+                       "Number of elements of source < number of ones in mask"),
+    "masked_scatter_empty_source": (lambda x, T: x.masked_scatter(T(x == 3), T(torch.ones(0))), RuntimeError,
+                                    "Number of elements of source < number of ones in mask"),
     # integer division by zero (the CPU raises; XLA would give -1 or the dividend)
     "floor_divide_zero": (lambda x, T: T(torch.tensor([5, -7])) // T(torch.tensor([2, 0])), RuntimeError,
                           "ZeroDivisionError"),

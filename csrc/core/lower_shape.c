@@ -1149,7 +1149,11 @@ static void r_masked_scatter(tp_emit *e, const tp_node *n, tp_val *o) {
   tp_val m = lw_operand(e, n, 1, &bt);
   tp_val src = flatten(e, em_convert(e, lw_value(e, n, 2), OUT0->dt));
   int64_t ns = em_type(e, src)->dims[0];
-  if (ns == 0 || em_failed(e)) { /* the mask must be all false */
+  /* The CPU's check (CUDA asserts on the device): no more ones than values. */
+  tp_val ones = em_reduce(e, to_i64(e, flatten(e, m)), em_const_i(e, 0, TP_I64), (const int64_t[]){0}, 1,
+                          "stablehlo.add");
+  lw_check_text(e, n, ones, 0, ns + 1, TP_INVALID_ARGUMENT, "masked_scatter: Number of elements of source < number of ones in mask");
+  if (ns == 0 || em_failed(e)) { /* then the mask is all false */
     o[0] = x;
     return;
   }

@@ -713,6 +713,12 @@ def test_user_generators_are_independent_and_reproducible():
 def test_generator_of_another_device_type_raises():
     with pytest.raises(RuntimeError, match="Expected a 'tpu' device type for generator but found 'cpu'"):
         torch.randn(3, generator=torch.Generator().manual_seed(0), device="tpu")
+    # A tpu generator given to a CPU op: the CPU's message (it was a mixed-device error).
+    g = torch.Generator("tpu")
+    for f in (lambda: torch.randn(3, generator=g), lambda: torch.empty(3).normal_(generator=g),
+              lambda: torch.multinomial(torch.ones(3), 2, generator=g)):
+        with pytest.raises(RuntimeError, match="Expected a 'cpu' device type for generator but found 'tpu'"):
+            f()
 
 
 def test_gamma_family_samplers_on_the_host():

@@ -1028,8 +1028,14 @@ class _Handler:
         if self.generator_idx is None or self.generator_idx >= len(vals):
             return None
         g = vals[self.generator_idx]
-        if g is not None and g.device.type != "tpu":
+        if g is None:
+            return None
+        if g.device.type != "tpu":
             raise RuntimeError(f"Expected a 'tpu' device type for generator but found '{g.device.type}'")
+        # A tpu generator given to a CPU op (its dispatch keys sent it here).
+        ts = [v for v in vals if isinstance(v, torch.Tensor)]
+        if ts and not any(v.device.type == "tpu" for v in ts):
+            raise RuntimeError("Expected a 'cpu' device type for generator but found 'tpu'")
         return g
 
     def _run(self, enc, refs, gen):
@@ -1050,6 +1056,7 @@ class _Handler:
             # index_put rules handle a bool mask themselves (static shapes).
             args, kwargs = self._fix_indices(args, kwargs, "index_put" not in self.name)
         vals = self._values(args, kwargs, self.all_args)
+        gen = self._generator(vals)
         device, enc_all, key = self._encode_and_key(vals)
         spec = self.meta_cache.get(key)
         if spec is None:
@@ -1067,7 +1074,6 @@ class _Handler:
             vals = [vals[0].mT] + list(vals[1:])
             device, enc_all, _ = self._encode_and_key(vals)
         enc = tuple(enc_all) if self.all_functional else tuple(enc_all[i] for i in self.functional_idx)
-        gen = self._generator(vals)
         if self.is_out:
             outs = [vals[i] for i in self.out_idx]
             for o, m in zip(outs, specs):

@@ -1267,3 +1267,59 @@ def test_rrelu_lowered_into_the_program(training):
     torch.testing.assert_close(xt.grad.cpu(), g * n, rtol=0, atol=0)
     slope = out_f.cpu() / x
     assert ((slope[x < 0] >= lower) & (slope[x < 0] <= upper)).all() and (out_f.cpu()[x > 0] == x[x > 0]).all()
+
+
+def test_copies_to_the_cpu_in_a_graph_return_cpu_tensors():
+    """A device->CPU copy in a graph returned a tpu tensor.  Graph outputs
+    computed from such a copy run after the program, on the host (the copy,
+    then the CPU's kernels, as in eager mode); a CPU value that flows back
+    into device computation still reaches the program."""
+    x = torch.randn(3, 4)
+    fns = [lambda x: (x * 2).cpu(), lambda x: x.sum().cpu() + torch.ones(3), lambda x: x.to("cpu"),
+           lambda x: x.to("cpu", torch.float64), lambda x: (x + 1).cpu() * 2,
+           lambda x: ((x + 1).cpu() * 2).to(x.device) + x,
+           lambda x: (x.cpu(), x.cpu() + 1, (x * 3).cpu().sum(), x * 2, (x + 1).cpu().exp().to(x.device) * x)]
+    before = torch_pjrt.metrics()
+    for fn in fns:
+        torch._dynamo.reset()
+        got, expected = fn(x.to("tpu")), fn(x)
+        out = torch.compile(fn, backend="tpu")(x.to("tpu"))
+        for o, e, g in zip(*(t if isinstance(t, tuple) else (t,) for t in (out, expected, got))):
+            assert (o.device.type, o.dtype) == (g.device.type, e.dtype)
+            torch.testing.assert_close(o.cpu(), e, rtol=1e-6, atol=1e-6)
+    after = torch_pjrt.metrics()
+    assert after["graphs_split"] == before["graphs_split"] and after["graphs_eager"] == before["graphs_eager"]
+    # differentiable through the copy
+    xc, xt = x.clone().requires_grad_(), x.to("tpu").requires_grad_()
+    loss = torch.compile(lambda x: ((x * 2).cpu() * 3).square().sum(), backend="tpu")(xt)
+    assert loss.device.type == "cpu"
+    loss.backward()
+    ((xc * 2) * 3).square().sum().backward()
+    torch.testing.assert_close(xt.grad.cpu(), xc.grad, rtol=1e-5, atol=1e-5)
+
+
+def test_pack_padded_sequence_with_lengths_on_the_device():
+    """pack_padded_sequence(e, lens.cpu()) in a compiled model with lens on
+    tpu: the lengths come out of the graph as the CPU tensor it requires."""
+    from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb, self.lstm = torch.nn.Embedding(10, 4), torch.nn.LSTM(4, 5, batch_first=True)
+
+        def forward(self, t, lens):
+            p = pack_padded_sequence(self.emb(t), lens.cpu(), batch_first=True, enforce_sorted=False)
+            return pad_packed_sequence(self.lstm(p)[0], batch_first=True)[0].square().sum()
+
+    torch.manual_seed(0)
+    m = M()
+    mt = copy.deepcopy(m).to("tpu")
+    t, lens = torch.randint(0, 10, (3, 6)), torch.tensor([6, 3, 4])
+    expected = m(t, lens)
+    out = torch.compile(mt, backend="tpu")(t.to("tpu"), lens.to("tpu"))
+    torch.testing.assert_close(out.detach().cpu(), expected.detach(), rtol=1e-5, atol=1e-5)
+    expected.backward()
+    out.backward()
+    for p, q in zip(mt.parameters(), m.parameters()):
+        torch.testing.assert_close(p.grad.cpu(), q.grad, rtol=1e-5, atol=1e-5)

@@ -113,16 +113,17 @@ def _on_cpu(val):
             and all(isinstance(v, torch.Tensor) and v.device.type == "cpu" for v in val))
 
 
-def _host_nodes(graph, ph_vals):
-    """The nodes that compute CPU values from CPU values only and that the
-    graph's CPU results need (an optimizer's step counters).  They run on the
-    host, as in eager mode, so those results never wait for the device.  CPU
-    values only the device needs (the step counters' bias corrections) are
-    computed in the program, from the host's values: one upload, not a
+def _host_nodes(graph, host, post):
+    """The nodes that compute CPU values from CPU values only (host:
+    _cpu_nodes) and that the graph's CPU results need (an optimizer's step
+    counters), or the nodes run after the program (post) read.  They run on
+    the host, as in eager mode, so those results never wait for the device.
+    CPU values only the device needs (the step counters' bias corrections)
+    are computed in the program, from the host's values: one upload, not a
     dozen small host ops per parameter."""
-    host = _cpu_nodes(graph, ph_vals)
     out_node = next(n for n in graph.nodes if n.op == "output")
     need = [n for n in out_node.all_input_nodes if n in host]
+    need += [i for n in post for i in n.all_input_nodes if i in host]
     need += [n for n in host if n.op == "call_function" and n.target is torch.ops.aten.copy_.default]
     keep = set()
     while need:
@@ -136,6 +137,26 @@ def _host_nodes(graph, ph_vals):
         if n in host and n not in keep:
             (moved if n.op == "call_function" and _lowerable(n, moved) else keep).add(n)
     return keep
+
+
+def _post_nodes(graph, host):
+    """The nodes that compute CPU values from device values (a copy to the
+    CPU, and what the CPU computes from it) that the graph's outputs need
+    (host: _cpu_nodes).  They run on the host after the program, as in
+    eager mode: the outputs are CPU tensors, computed by the CPU's kernels.
+    A CPU element of a node the program computes (the random state that
+    run_and_save_rng_state describes as the CPU generator's) stays there."""
+    post = set()
+    need = list(next(n for n in graph.nodes if n.op == "output").all_input_nodes)
+    while need:
+        n = need.pop()
+        if (n in post or n in host or n.op != "call_function" or n.target is torch.ops.aten.copy_.default
+                or not _on_cpu(n.meta.get("val"))
+                or n.target is operator.getitem and not _on_cpu(n.args[0].meta.get("val"))):
+            continue
+        post.add(n)
+        need.extend(n.all_input_nodes)
+    return post
 
 
 def _lowerable(n, moved):
@@ -300,14 +321,36 @@ class GraphProgram:
             if any(isinstance(t, torch.Tensor) and t.device.type == "meta" for t in
                    (v if isinstance(v, (list, tuple)) else (v,))):
                 raise Unsupported("tensors on the meta device")
-        host = _host_nodes(graph, ph_vals)
+        cpu = _cpu_nodes(graph, ph_vals)
+        post = _post_nodes(graph, cpu)
+        host = _host_nodes(graph, cpu, post)
+        # The nodes run after the program only (none that the program reads).
+        in_prog = [i for n in graph.nodes if n.op == "call_function" and n not in host and n not in post
+                   for i in n.all_input_nodes if i in post]
+        self.post_only = set(post)
+        while in_prog:
+            n = in_prog.pop()
+            if n in self.post_only:
+                self.post_only.discard(n)
+                in_prog.extend(i for i in n.all_input_nodes if i in post)
         device_reads = set()  # host nodes that device nodes read
         for n in graph.nodes:
-            if n.op == "call_function" and n not in host:
+            if n.op == "call_function" and n not in host and n not in self.post_only:
                 device_reads.update(i for i in n.all_input_nodes if i in host)
         out_node = next(n for n in graph.nodes if n.op == "output")
         host_outs = [o for o in out_node.args[0] if isinstance(o, torch.fx.Node) and o in host
                      and o.op != "placeholder"]
+        # The part after the program: its inputs are graph inputs, host
+        # values and program outputs (device tensors, which its copies bring
+        # to the CPU); it returns the graph's outputs among its nodes.
+        post_in = list(dict.fromkeys(i for n in graph.nodes if n in post for i in n.all_input_nodes if i not in post))
+        host_outs += [i for i in post_in if i in host and i.op != "placeholder" and i not in host_outs]
+        self.post_outs = {}  # graph output run after the program -> its index in post_gm's outputs
+        for o in out_node.args[0]:
+            if o in post:
+                self.post_outs.setdefault(o, len(self.post_outs))
+        self.post_gm = _post_graph(gm, post, post_in, list(self.post_outs)) if post else None
+        self.post_in = post_in  # sources set in _set_outputs
         self.ph_index = {n: i for i, n in enumerate(placeholders)}
         self.rng_states = set()  # value ids of tp::rng_state nodes
         self.params = []  # per program parameter: ("in", input index) | ("const", tensor) | ("host", k)
@@ -385,7 +428,7 @@ class GraphProgram:
                 flat = _C.graph_add(self.gid, "aten::slice.Tensor", (("V", pid), 0, off, off + k, 1), [(code, (k,))])
                 values[n] = _C.graph_add(self.gid, "aten::view", (("V", flat), list(shape)), [(code, shape)])
                 off += k
-        self.outputs = []  # per graph output: ("v", k) k-th program output | ("in", i) | ("host", k) | ("const", value)
+        self.outputs = []  # per graph output: ("v", k) k-th program output | ("in", i) | ("host", k) | ("post", k) | ("const", value)
         self.out_specs = []
         # Inputs the graph mutates (copy_ into a placeholder, kept in the graph
         # by keep_inference_input_mutations): input index -> new value id.  The
@@ -396,7 +439,7 @@ class GraphProgram:
         try:
             self._vectorize_scalars(graph, host, values, packs)
             for n in graph.nodes:
-                if n.op == "call_function" and n not in host and n not in values:
+                if n.op == "call_function" and n not in host and n not in values and n not in self.post_only:
                     try:
                         self._add(n, values)
                     except Unsupported as e:
@@ -757,7 +800,8 @@ class GraphProgram:
         descs = n.meta.get("desc") or [None] * len(outs)
         groups = {}  # root -> [(output, chain, saved for the backward)]
         for o, d in zip(outs, descs):
-            if isinstance(o, torch.fx.Node) and o.op != "placeholder" and o not in self.host_out_index:
+            if (isinstance(o, torch.fx.Node) and o.op != "placeholder" and o not in self.host_out_index
+                    and o not in self.post_outs):
                 root, chain = _alias_chain(o) or (o, [])
                 groups.setdefault(root, []).append((o, chain, isinstance(d, SavedForBackwardsAOTOutput)))
         base, same = {}, {}  # root -> the tensor its outputs view; (value, layout) -> root
@@ -833,8 +877,12 @@ class GraphProgram:
                 self.outputs.append(("in", self.ph_index[o]))
             elif o in self.host_out_index:
                 self.outputs.append(("host", self.host_out_index[o]))
+            elif o in self.post_outs:
+                self.outputs.append(("post", self.post_outs[o]))
             else:
                 self.outputs.append(("v", program_output(o)))
+        self.post_in = [("in", self.ph_index[i]) if i in self.ph_index else ("host", self.host_out_index[i])
+                        if i in self.host_out_index else ("v", program_output(i)) for i in self.post_in]
         on_cpu = [i for i in self.mutations if ph_vals[i].device.type == "cpu"]
         self.mut_inputs = [i for i in self.mutations if i not in on_cpu]
         # New values that the program computes for CPU inputs: one packed
@@ -895,11 +943,20 @@ class GraphProgram:
             for i, k in items:
                 args[i].copy_(host[off:off + k].view(args[i].shape))
                 off += k
+
+        def output(k):
+            o, full = outs[k], self.out_specs[k][3]
+            return o if full is None else o.as_strided(full, o.stride())
+
+        if self.post_gm is not None:  # after the program, on the host (its copies wait for the device)
+            post = self.post_gm(*[args[k] if src == "in" else host_vals[k] if src == "host" else output(k)
+                                  for src, k in self.post_in])
         result = []
         for kind in self.outputs:
             if kind[0] == "v":
-                o, full = outs[kind[1]], self.out_specs[kind[1]][3]
-                result.append(o if full is None else o.as_strided(full, o.stride()))
+                result.append(output(kind[1]))
+            elif kind[0] == "post":
+                result.append(post[kind[1]])
             elif kind[0] == "alias":  # a view of an input or of another output
                 (src, k), (size, stride, offset), traced, chain = kind[1:]
                 base = args[k] if src == "in" else outs[k]
@@ -945,6 +1002,18 @@ def _host_graph(gm, host, outputs):
     g.output(tuple(env[n] for n in outputs))
     _batch_scalar_foreach(g)
     _batch_input_copies(g)
+    return torch.fx.GraphModule(gm, g)
+
+
+def _post_graph(gm, post, inputs, outputs):
+    """A GraphModule of the nodes run after the program: `inputs` in,
+    `outputs` out."""
+    g = torch.fx.Graph()
+    env = {n: g.placeholder(n.name) for n in inputs}
+    for n in gm.graph.nodes:
+        if n in post:
+            env[n] = g.node_copy(n, lambda a: env[a])
+    g.output(tuple(env[n] for n in outputs))
     return torch.fx.GraphModule(gm, g)
 
 

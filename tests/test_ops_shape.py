@@ -3,6 +3,7 @@ PyTorch on CPU: cat/stack, padding, flip/roll/repeat, tril/triu, gathers and
 scatters, advanced indexing and index_put, index_* ops, masked_scatter,
 embedding, the *_scatter ops and the range factories."""
 import functools
+import itertools
 
 import pytest
 import torch
@@ -841,3 +842,42 @@ def test_linspace_integer_and_index_add_bool_alpha():
     for alpha in (False, True):
         got = x.to("tpu").index_add(1, i.to("tpu"), s.to("tpu"), alpha=alpha).cpu()
         assert torch.equal(got, x.index_add(1, i, s, alpha=alpha))
+
+
+def _segment_cases():
+    g = torch.Generator().manual_seed(3)
+    ties = torch.tensor([[1.0, 5.0], [3.0, 5.0], [2.0, 0.0], [0.0, 4.0], [7.0, 7.0], [7.0, 1.0]])
+    nans = ties.clone()
+    nans[1, 0] = float("nan")
+    x3 = torch.randn(2, 6, 3, generator=g)
+    return [(torch.randn(6, 2, generator=g), dict(lengths=torch.tensor([2, 0, 3, 1]))),
+            (torch.randn(6, 2, generator=g), dict(offsets=torch.tensor([0, 2, 2, 5, 6]))),
+            (ties, dict(lengths=torch.tensor([2, 0, 3, 1]))), (nans, dict(lengths=torch.tensor([2, 0, 3, 1]))),
+            (x3, dict(lengths=torch.tensor([[2, 4], [1, 5]]), axis=1)),
+            (x3, dict(offsets=torch.tensor([[0, 2, 6], [0, 0, 6]]), axis=1)),
+            (torch.randn(0, 3, generator=g), dict(lengths=torch.tensor([0, 0])))]
+
+
+@pytest.mark.parametrize("reduce", ["sum", "mean", "max", "min", "prod"])
+def test_segment_reduce(reduce):
+    """torch.segment_reduce (lengths or offsets, any axis, initial) and its
+    backward against the CPU kernels: empty segments, ties and NaN in
+    max/min (PyTorch's kernels split a tied gradient only where it is
+    positive), zeros and NaN in prod; bad lengths raise the CPU's errors."""
+    g = torch.Generator().manual_seed(4)
+    for (x, kw), initial in itertools.product(_segment_cases(), (None, 2.0)):
+        xc = x.clone().requires_grad_(True)
+        xt = x.to("tpu").requires_grad_(True)
+        want = torch.segment_reduce(xc, reduce, initial=initial, **kw)
+        got = torch.segment_reduce(xt, reduce, initial=initial, **{k: v.to("tpu") if isinstance(v, torch.Tensor)
+                                                                   else v for k, v in kw.items()})
+        torch.testing.assert_close(got.detach().cpu(), want.detach(), equal_nan=True)
+        if x.numel():
+            w = torch.randn(want.shape, generator=g)
+            torch.testing.assert_close(torch.autograd.grad(got, xt, w.to("tpu"))[0].cpu(),
+                                       torch.autograd.grad(want, xc, w)[0], equal_nan=True)
+    for kw, msg in [(dict(lengths=torch.tensor([2, -1, 5])), "lengths contains negative value!"),
+                    (dict(lengths=torch.tensor([2, 3])), "to sum to data.size"),
+                    (dict(offsets=torch.tensor([0, 4, 2, 6])), "segment_length >= 0")]:
+        with pytest.raises(RuntimeError, match=msg):
+            torch.segment_reduce(torch.randn(6, 2, device="tpu"), reduce, **{k: v.to("tpu") for k, v in kw.items()}).cpu()

@@ -964,16 +964,20 @@ static void r_index(tp_emit *e, const tp_node *n, tp_val *o) {
 
 /* Exclusive position of each true element among the trues of a 1-D i64 0/1
  * tensor: inclusive prefix sum (log-step) minus one. */
-static tp_val prefix_sum(tp_emit *e, tp_val x) {
+/* Inclusive running sum of integer x along `dim` (log2(n) shifted adds). */
+static tp_val prefix_sum_dim(tp_emit *e, tp_val x, int dim) {
   if (em_failed(e)) return -1;
-  int64_t nel = em_type(e, x)->dims[0];
-  tp_val zero = em_const_i(e, 0, em_type(e, x)->dt);
+  const tp_type *t = em_type(e, x);
+  int64_t nel = t->dims[dim], lo[TP_MAX_RANK] = {0}, hi[TP_MAX_RANK] = {0};
+  tp_val zero = em_const_i(e, 0, t->dt);
   for (int64_t s = 1; s < nel; s *= 2) {
-    int64_t lo = s, hi = -s;
-    x = add(e, x, em_pad(e, x, zero, &lo, &hi, NULL));
+    lo[dim] = s;
+    hi[dim] = -s;
+    x = add(e, x, em_pad(e, x, zero, lo, hi, NULL));
   }
   return x;
 }
+static tp_val prefix_sum(tp_emit *e, tp_val x) { return prefix_sum_dim(e, x, 0); }
 
 /* For a bool value `mask` (any shape), the index (into the K trues, in
  * row-major order) of each element, clamped into [0, kmax). */
@@ -1160,6 +1164,200 @@ static void r_masked_scatter(tp_emit *e, const tp_node *n, tp_val *o) {
   tp_val pos = mask_positions(e, m, ns);
   tp_val g = em_gather_flat(e, src, pos);
   o[0] = em_select(e, m, g, x);
+}
+
+/* ---- segment_reduce ------------------------------------------------------------------------- */
+
+/* data [pre..., N, post...] cut along `axis` into segments given by lengths
+ * [pre..., S] or offsets [pre..., S+1]: with P = prod(pre), Q = prod(post),
+ * lin (i64 [P, N, Q]) is each element's index in the flat [P, S, Q] result
+ * (P*S*Q, out of range, for elements outside every segment), seg (i64 [P, N])
+ * its segment, valid ([P, N]) whether it is in one, and len (i64 [P, S]) the
+ * segments' lengths. */
+typedef struct seg_plan {
+  int64_t P, N, S, Q;
+  tp_val lin, seg, valid, len;
+} seg_plan;
+
+static int seg_plan_make(tp_emit *e, const tp_node *n, tp_val data, int len_i, int off_i, int axis_i, int unsafe,
+                         seg_plan *sp) {
+  tp_type t = *em_type(e, data);
+  int axis = lw_dim(lw_int(n, axis_i, 0), t.rank);
+  int by_len = lw_arg(n, len_i)->kind == TP_ARG_TENSOR;
+  tp_val b = to_i64(e, lw_value(e, n, by_len ? len_i : off_i));
+  const tp_type *bt = em_type(e, b);
+  if (em_failed(e)) return 0;
+  if (bt->rank != axis + 1) {
+    em_fail(e, TP_INVALID_ARGUMENT, "%s: expected axis (%d) to be the last dimension of the %s", n->op, axis,
+            by_len ? "lengths" : "offsets");
+    return 0;
+  }
+  sp->P = 1;
+  sp->Q = 1;
+  for (int d = 0; d < t.rank; d++) {
+    if (d < axis) sp->P *= t.dims[d];
+    if (d > axis) sp->Q *= t.dims[d];
+  }
+  sp->N = t.dims[axis];
+  int64_t P = sp->P, N = sp->N, S = sp->S = bt->dims[axis] - !by_len;
+  int64_t ps1[2] = {P, S + 1}, ps[2] = {P, S}, z2[2] = {0, 0};
+  tp_val off;
+  if (by_len) {
+    b = em_reshape(e, b, 2, ps);
+    if (!unsafe) {
+      lw_check_text(e, n, b, 0, INT64_MAX, TP_INVALID_ARGUMENT, "lengths contains negative value!");
+      tp_val tot = em_reduce(e, b, em_const_i(e, 0, TP_I64), (const int64_t[]){1}, 1, "stablehlo.add");
+      lw_check_text(e, n, tot, N, N + 1, TP_INVALID_ARGUMENT,
+                    "segment_reduce(): Expected all rows of lengths along axis to sum to data.size(lengths.dim()-1) "
+                    "when !unsafe.");
+    }
+    int64_t lo[2] = {0, 1}, hi[2] = {0, 0};
+    off = em_pad(e, prefix_sum_dim(e, b, 1), em_const_i(e, 0, TP_I64), lo, hi, NULL);
+    sp->len = b;
+  } else {
+    off = em_reshape(e, b, 2, ps1);
+    int64_t one[2] = {0, 1};
+    sp->len = sub(e, em_slice(e, off, one, ps1, NULL), em_slice(e, off, z2, ps, NULL));
+  }
+  lw_check_text(e, n, sp->len, 0, INT64_MAX, TP_INVALID_ARGUMENT, "Expected segment_length >= 0 to be true, but got false.");
+  /* A segment starts at each offset after the first: marks at those
+   * positions, summed up to each element, number its segment. */
+  int64_t pn[2] = {P, N}, pn1[2] = {P, N + 1}, pnq[3] = {P, N, sp->Q};
+  tp_val first = em_slice(e, off, z2, (const int64_t[]){P, 1}, NULL);
+  tp_val last = em_slice(e, off, (const int64_t[]){0, S}, ps1, NULL);
+  tp_type pnt = tp_type_make(TP_I64, 2, pn);
+  tp_val pos = em_iota(e, &pnt, 1);
+  int64_t m01[2] = {0, 1};
+  tp_val lo_b = em_bcast_in_dim(e, em_reshape(e, first, 1, &P), &pnt, m01);
+  tp_val hi_b = em_bcast_in_dim(e, em_reshape(e, last, 1, &P), &pnt, m01);
+  sp->valid = em_binary(e, "stablehlo.and", em_compare(e, "GE", pos, lo_b), em_compare(e, "LT", pos, hi_b));
+  tp_val seg = em_full(e, 0, &pnt);
+  if (S > 1 && N > 0) {
+    int64_t inner[2] = {P, S - 1};
+    tp_val starts = em_slice(e, off, m01, ps, NULL); /* offsets 1 .. S-1 */
+    starts = em_clamp(e, em_const_i(e, 0, TP_I64), starts, em_const_i(e, N, TP_I64));
+    tp_type it = tp_type_make(TP_I64, 2, inner);
+    tp_val at = add(e, mul(e, em_iota(e, &it, 0), em_full(e, (double)(N + 1), &it)), starts);
+    tp_type mt = tp_type_make(TP_I64, 1, (const int64_t[]){P * (N + 1)});
+    tp_val marks = em_scatter_flat(e, em_full(e, 0, &mt), flatten(e, at), flatten(e, em_full(e, 1, &it)), "stablehlo.add");
+    marks = em_slice(e, em_reshape(e, marks, 2, pn1), z2, pn, NULL);
+    seg = prefix_sum_dim(e, marks, 1);
+  }
+  sp->seg = seg;
+  tp_type lt = tp_type_make(TP_I64, 3, pnq);
+  int64_t m2[2] = {0, 1};
+  tp_val row = add(e, mul(e, em_iota(e, &lt, 0), em_full(e, (double)S, &lt)), em_bcast_in_dim(e, seg, &lt, m2));
+  tp_val lin = add(e, mul(e, row, em_full(e, (double)sp->Q, &lt)), em_iota(e, &lt, 2));
+  sp->lin = em_select(e, em_bcast_in_dim(e, sp->valid, &(tp_type){.dt = TP_BOOL, .rank = 3, .dims = {P, N, sp->Q}}, m2),
+                      lin, em_full(e, (double)(P * S * sp->Q), &lt));
+  return !em_failed(e);
+}
+
+static red_kind seg_reduce_kind(tp_emit *e, const tp_node *n, int i) {
+  const char *s = lw_str(n, i, "");
+  red_kind r = !strcmp(s, "max") ? RED_AMAX : !strcmp(s, "min") ? RED_AMIN : RED_BAD;
+  if (!strcmp(s, "sum") || !strcmp(s, "mean") || !strcmp(s, "prod")) r = parse_reduce(s);
+  if (r == RED_BAD) em_fail(e, TP_INVALID_ARGUMENT, "%s: unsupported reduction %s", n->op, s);
+  return r;
+}
+
+/* The [P*S*Q] starting values: `initial`, else the reduction's identity
+ * (what an empty segment gives; mean's empty segments are NaN, later). */
+static tp_val seg_start(tp_emit *e, const tp_node *n, int init_i, red_kind red, tp_dtype cdt, int64_t total) {
+  tp_type ft = tp_type_make(cdt, 1, &total);
+  if (!lw_is_none(n, init_i)) return em_bcast_in_dim(e, lw_tensor(e, n, init_i, cdt), &ft, NULL);
+  return em_full(e, red == RED_PROD ? 1 : red == RED_AMAX ? -INFINITY : red == RED_AMIN ? INFINITY : 0, &ft);
+}
+
+/* segment_reduce(data, reduce, lengths|offsets, axis, unsafe, initial), as
+ * the CPU kernel: reductions start from `initial` (mean: (initial + sum) /
+ * length); empty segments give initial, else 0, 1, -inf, inf, or NaN for a
+ * mean; max and min propagate NaN. */
+static void r_segment_reduce(tp_emit *e, const tp_node *n, tp_val *o) {
+  tp_val x = lw_value(e, n, 0);
+  tp_dtype dt = em_type(e, x)->dt;
+  if (!tp_dtype_is_float(dt)) {
+    o[0] = lw_not_for(e, "_segment_reduce_cpu", dt);
+    return;
+  }
+  red_kind red = seg_reduce_kind(e, n, 1);
+  seg_plan sp;
+  if (red == RED_BAD || !seg_plan_make(e, n, x, 2, 4, 5, lw_bool(n, 6, 0), &sp)) return;
+  tp_dtype cdt = lw_opmath(dt);
+  int64_t total = sp.P * sp.S * sp.Q;
+  tp_val res = seg_start(e, n, 7, red, cdt, total);
+  if (sp.P * sp.N * sp.Q > 0) res = scatter_core(e, res, sp.lin, em_convert(e, x, cdt), red == RED_MEAN ? RED_SUM : red, 1);
+  if (red == RED_MEAN) {
+    tp_type st = tp_type_make(cdt, 3, (const int64_t[]){sp.P, sp.S, sp.Q});
+    int64_t m01[2] = {0, 1};
+    tp_val len = em_bcast_in_dim(e, em_convert(e, sp.len, cdt), &st, m01);
+    tp_val empty = lw_is_none(n, 7) ? em_full(e, NAN, &st) : em_bcast_in_dim(e, lw_tensor(e, n, 7, cdt), &st, NULL);
+    res = reshape_to(e, res, &st);
+    res = em_select(e, em_compare(e, "GT", len, lw_full_like(e, len, 0)), em_binary(e, "stablehlo.divide", res, len), empty);
+  }
+  o[0] = em_convert(e, reshape_to(e, res, OUT0), dt);
+}
+
+/* For a bool b [P, N, Q]: how many elements of each one's segment are true. */
+static tp_val seg_count(tp_emit *e, const seg_plan *sp, tp_val b, tp_val safe, const tp_type *flat) {
+  tp_val c = em_scatter_flat(e, em_full(e, 0, flat), flatten(e, sp->lin), flatten(e, em_convert(e, b, flat->dt)),
+                             "stablehlo.add");
+  return em_gather_flat(e, c, safe);
+}
+
+/* Its backward, as PyTorch's kernels compute it: each element of a segment
+ * gets the segment's gradient (mean: divided by the length; max/min and
+ * prod: see below). */
+static void r_segment_reduce_backward(tp_emit *e, const tp_node *n, tp_val *o) {
+  tp_val x = lw_value(e, n, 2);
+  tp_type xt = *em_type(e, x);
+  tp_dtype dt = xt.dt, cdt = lw_opmath(dt);
+  red_kind red = seg_reduce_kind(e, n, 3);
+  seg_plan sp;
+  if (red == RED_BAD || !seg_plan_make(e, n, x, 4, 5, 6, 1, &sp)) return;
+  int64_t pnq[3] = {sp.P, sp.N, sp.Q}, total = sp.P * sp.S * sp.Q, m01[2] = {0, 1};
+  if (sp.P * sp.N * sp.Q == 0) {
+    o[0] = em_full(e, 0, OUT0);
+    return;
+  }
+  tp_type ct = tp_type_make(cdt, 3, pnq), bt = tp_type_make(TP_BOOL, 3, pnq);
+  tp_val xv = em_convert(e, em_reshape(e, x, 3, pnq), cdt);
+  tp_val safe = em_select(e, em_compare(e, "LT", sp.lin, ki_like(e, sp.lin, total)), sp.lin, ki_like(e, sp.lin, 0));
+  tp_val g = em_gather_flat(e, flatten(e, em_convert(e, lw_value(e, n, 0), cdt)), safe);
+  tp_val r = g;
+  if (red == RED_MEAN) {
+    tp_val len = em_bcast_in_dim(e, em_convert(e, sp.len, cdt), &(tp_type){.dt = cdt, .rank = 3, .dims = {sp.P, sp.S, sp.Q}}, m01);
+    r = em_binary(e, "stablehlo.divide", g, em_gather_flat(e, flatten(e, len), safe));
+  } else if (red != RED_SUM) {
+    tp_val out = em_gather_flat(e, flatten(e, em_convert(e, lw_value(e, n, 1), cdt)), safe);
+    tp_type ft = tp_type_make(cdt, 1, &total);
+    tp_val zero = em_full(e, 0, &ct), one = em_full(e, 1, &ct);
+    tp_val isnan = em_compare(e, "NE", xv, xv);
+    if (red == RED_PROD) {
+      /* A zero or NaN element gets the product of the others (initial
+       * included); the rest result / element. */
+      tp_val z = em_compare(e, "EQ", xv, zero), special = em_binary(e, "stablehlo.or", z, isnan);
+      tp_val nzprod = scatter_core(e, seg_start(e, n, 7, red, cdt, total), sp.lin, em_select(e, special, one, xv),
+                                   RED_PROD, 1);
+      tp_val zc = seg_count(e, &sp, z, safe, &ft), nc = seg_count(e, &sp, isnan, safe, &ft);
+      zc = sub(e, zc, em_convert(e, z, cdt));
+      nc = sub(e, nc, em_convert(e, isnan, cdt));
+      tp_val excl = em_select(e, em_compare(e, "GT", nc, zero), em_full(e, NAN, &ct),
+                              em_select(e, em_compare(e, "GT", zc, zero), zero, em_gather_flat(e, nzprod, safe)));
+      r = em_select(e, special, mul(e, g, excl), em_binary(e, "stablehlo.divide", mul(e, g, out), xv));
+    } else {
+      /* PyTorch's kernels (CPU and CUDA): the elements equal to the result
+       * (or NaN) get its gradient, divided among them only where it is
+       * positive. */
+      tp_val eq = em_binary(e, "stablehlo.or", em_compare(e, "EQ", xv, out), isnan);
+      tp_val ties = seg_count(e, &sp, eq, safe, &ft);
+      tp_val split = em_binary(e, "stablehlo.and", em_compare(e, "GE", ties, em_full(e, 2, &ct)),
+                               em_compare(e, "GT", g, zero));
+      r = em_select(e, eq, em_select(e, split, em_binary(e, "stablehlo.divide", g, ties), g), zero);
+    }
+  }
+  r = em_select(e, em_bcast_in_dim(e, sp.valid, &bt, m01), r, em_full(e, 0, &ct));
+  o[0] = em_convert(e, reshape_to(e, r, &xt), dt);
 }
 
 /* ---- *_scatter (functionalization and view backward) ------------------------------------------ */
@@ -1882,6 +2080,8 @@ const tp_lower_entry tp_lower_shape[] = {
     {"aten::index_fill.int_Scalar", r_index_fill},
     {"aten::index_fill.int_Tensor", r_index_fill},
     {"aten::masked_scatter", r_masked_scatter},
+    {"aten::segment_reduce", r_segment_reduce},
+    {"aten::_segment_reduce_backward", r_segment_reduce_backward},
     {"aten::diag_embed", r_diag_embed},
     {"aten::diagonal_scatter", r_diagonal_scatter},
     {"aten::slice_scatter", r_slice_scatter},

@@ -826,3 +826,20 @@ def test_grouped_mm_bad_arguments_raise_the_cpu_message(args, msg):
         F.grouped_mm(a, b, offs=offs)
     with pytest.raises(RuntimeError, match=msg):
         F.grouped_mm(a.to("tpu"), b.to("tpu"), offs=None if offs is None else offs.to("tpu")).cpu()
+
+
+def test_hash_tensor():
+    """torch.hash_tensor: the XOR of the elements' bits, widened to 64 bits
+    (floats to double, integers and bools to int64), over dims as the CPU's."""
+    g = torch.Generator().manual_seed(0)
+    cases = [torch.randn(5, 7, generator=g), torch.randn(3, generator=g).double(), torch.randn(4, 4, generator=g).half(),
+             torch.randn(4, 4, generator=g).bfloat16(), torch.randint(-100, 100, (6, 5), generator=g),
+             torch.randint(-100, 100, (6,), generator=g).to(torch.int8), torch.tensor([True, False, True]),
+             torch.randint(0, 255, (9,), generator=g).to(torch.uint8), torch.tensor([NAN, -0.0, INF])]
+    for x in cases:
+        for kw in ({}, dict(dim=0), dict(dim=-1, keepdim=True), dict(dim=[0])):
+            with lowered() as names:
+                got = torch.hash_tensor(x.to("tpu"), **kw)
+            assert "aten::hash_tensor" in names
+            want = torch.hash_tensor(x, **kw)
+            assert got.dtype == want.dtype and torch.equal(got.cpu(), want), (x.dtype, kw)

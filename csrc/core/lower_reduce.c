@@ -365,6 +365,27 @@ static void r_amin(tp_emit *e, const tp_node *n, tp_val *o) { minmax_like(e, n, 
 static void r_max(tp_emit *e, const tp_node *n, tp_val *o) { minmax_like(e, n, o, -1, 1); }
 static void r_min(tp_emit *e, const tp_node *n, tp_val *o) { minmax_like(e, n, o, -1, 0); }
 
+/* hash_tensor(self, dim=[], keepdim, mode=0): the XOR of the elements' bits,
+ * each widened to 64 bits first (floats to double, integers and bools to
+ * int64), as the CPU kernel computes it. */
+static void r_hash_tensor(tp_emit *e, const tp_node *n, tp_val *o) {
+  tp_val x = lw_value(e, n, 0);
+  tp_dtype dt = dt_of(e, x);
+  if (lw_int(n, 3, 0) != 0 || tp_dtype_is_complex(dt)) {
+    o[0] = em_fail(e, TP_UNIMPLEMENTED, "%s: mode %" PRId64 " of %s is not supported on tpu", n->op, lw_int(n, 3, 0),
+                   tp_scalar_type_name(dt));
+    return;
+  }
+  int64_t dims[TP_MAX_RANK];
+  int nd = red_dims(e, n, 1, rank_of(e, x), 1, dims);
+  if (nd < 0) return;
+  x = em_convert(e, x, tp_dtype_is_float(dt) ? TP_F64 : tp_dtype_is_unsigned(dt) ? TP_U64 : TP_I64);
+  tp_type t = *em_type(e, x);
+  t.dt = TP_U64;
+  x = em_bitcast(e, x, &t);
+  o[0] = to_out(e, n, 0, em_reduce(e, x, em_const_i(e, 0, TP_U64), dims, nd, "stablehlo.xor"));
+}
+
 /* em_argreduce, for every dtype: it writes its i8/i16/i32 identity as an
  * out-of-range INT64_MIN/MAX constant first, which fails to parse, so those
  * run widened to i64 (exact). */
@@ -1362,6 +1383,7 @@ const tp_lower_entry tp_lower_reduce[] = {
     {"aten::argmax", r_argmax},
     {"aten::argmin", r_argmin},
     {"aten::any", r_any},
+    {"aten::hash_tensor", r_hash_tensor},
     {"aten::any.dim", r_any_dim},
     {"aten::any.dims", r_any_dims},
     {"aten::all", r_all},

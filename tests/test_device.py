@@ -501,9 +501,9 @@ def test_unsupported_op_names_op_and_fallback():
     x = torch.randn(4, 4, device="tpu")
     torch_pjrt.set_cpu_fallback(False)
     with pytest.raises(NotImplementedError) as info:
-        torch.segment_reduce(x, "sum", lengths=torch.tensor([1, 3], device="tpu"))  # no lowering
+        torch.histogram(x, bins=4)  # no lowering
     msg = str(info.value)
-    assert "aten::segment_reduce" in msg and "TORCH_PJRT_CPU_FALLBACK=1" in msg
+    assert "aten::histogram.bin_ct" in msg and "TORCH_PJRT_CPU_FALLBACK=1" in msg
 
 
 @pytest.mark.parametrize("case", ["coo", "csr", "dense_to_sparse", "embedding_sparse_grad", "nested", "quantized"])
@@ -542,12 +542,13 @@ def test_cpu_fallback_runs_and_counts():
     torch_pjrt.reset_cpu_fallback_counts()
     torch_pjrt.set_cpu_fallback(True)
     try:
-        r = torch.segment_reduce(x.to("tpu"), "max", lengths=torch.tensor([1, 3], device="tpu"))
+        r = torch.histogram(x.to("tpu"), bins=4)
     finally:
         torch_pjrt.set_cpu_fallback(False)
-    assert r.device.type == "tpu"
-    assert torch.equal(r.cpu(), torch.segment_reduce(x, "max", lengths=torch.tensor([1, 3])))
-    assert torch_pjrt.cpu_fallback_counts().get("aten::segment_reduce") == 1
+    assert r.hist.device.type == "tpu" and r.bin_edges.device.type == "tpu"
+    want = torch.histogram(x, bins=4)
+    assert torch.equal(r.hist.cpu(), want.hist) and torch.equal(r.bin_edges.cpu(), want.bin_edges)
+    assert torch_pjrt.cpu_fallback_counts().get("aten::histogram.bin_ct") == 1
 
 
 def test_eig_computed_on_the_host():

@@ -267,6 +267,8 @@ def _alias_chain(o):
     if (not chain or not isinstance(v, torch.Tensor) or not isinstance(r, torch.Tensor) or v.dtype != r.dtype
             or v.device.type != "tpu" or r.device.type != "tpu"):
         return None
+    if v.is_conj() != r.is_conj() or v.is_neg() != r.is_neg():
+        return None  # _conj / _neg_view: the program computes the values (graph values carry no lazy bits)
     if StorageWeakRef(v.untyped_storage()) != StorageWeakRef(r.untyped_storage()):
         return None
     return cur, chain[::-1]

@@ -66,14 +66,27 @@ std::vector<at::Tensor> run_graph(int64_t graph, at::TensorList inputs, at::Tens
   std::memset(args.data(), 0, sizeof(tp_eager_arg) * args.size());
   args[0].a.kind = TP_ARG_INT;
   args[0].a.i = graph;
+  // The program reads stored values: an input that is a lazy conjugate or
+  // negative view (x.conj(), z.conj().imag; AOTAutograd saves such views
+  // for complex backward graphs) is materialised first, as eager mode's
+  // kernels do.
+  std::vector<at::Tensor> resolved;
+  resolved.reserve(inputs.size());
   for (size_t i = 0; i < inputs.size(); i++) {
-    to_ref(inputs[i], dev, &refs[i]);
+    const at::Tensor& t = inputs[i];
+    resolved.push_back(t.is_conj() || t.is_neg() ? t.resolve_conj().resolve_neg() : t);
+    to_ref(resolved.back(), dev, &refs[i]);
     args[1 + i].a.kind = TP_ARG_TENSOR;
     args[1 + i].t = &refs[i];
   }
   tp_tensor_ref* orefs = refs.data() + inputs.size();
   for (size_t i = 0; i < outs.size(); i++) to_ref(outs[i], dev, &orefs[i]);
-  for (size_t i = 0; i < mutated.size(); i++) to_ref(mutated[i], dev, &orefs[outs.size() + i]);
+  for (size_t i = 0; i < mutated.size(); i++) {
+    TORCH_CHECK(!mutated[i].is_conj() && !mutated[i].is_neg(),
+                "torch-pjrt compiled graph: updating a conjugate or negative view in place is not supported; "
+                "call .resolve_conj() / .resolve_neg() on it first");
+    to_ref(mutated[i], dev, &orefs[outs.size() + i]);
+  }
   const int nouts = static_cast<int>(outs.size() + mutated.size());
   if (nouts > 0) {
     if (tp_status* st = tp_eager_run("tp::graph", args.data(), static_cast<int>(args.size()), nullptr, orefs, nouts))

@@ -1345,3 +1345,49 @@ def test_conjugate_and_negative_views_in_and_out_of_graphs():
         at = x.to("tpu").requires_grad_(True)
         torch.compile(fn, backend="tpu")(at).backward()
         torch.testing.assert_close(at.grad.cpu(), a.grad)
+
+
+def _no_split():
+    """A metrics snapshot; _assert_no_split(it) checks that the graphs
+    compiled since were neither split nor run op by op."""
+    return torch_pjrt.metrics()
+
+
+def _assert_no_split(before):
+    after = torch_pjrt.metrics()
+    assert after["graphs_split"] == before["graphs_split"] and after["graphs_eager"] == before["graphs_eager"]
+    assert after["graphs_lowered"] > before["graphs_lowered"]
+
+
+def test_view_dtype_is_a_bitcast_in_the_program():
+    """Tensor.view(dtype) (aten::view.dtype) split the graph; it is a
+    bitcast in the program, the last dim scaled by the ratio of the element
+    sizes, and a returned view of another output stays a view of it."""
+    x = torch.tensor([[1.5, -2.0, 3.0, -0.0], [float("nan"), float("inf"), 1e-30, -7.25]])
+    fns = [lambda t: (t.view(torch.int32) & 0x7FFFFFFF).view(torch.float32),
+           lambda t: (t * 2).view(torch.uint8),
+           lambda t: t.double().view(torch.int64) >> 52,
+           lambda t: (t + 1).view(torch.int16).view(torch.float64).view(torch.bfloat16),
+           lambda t: (t > 0).view(torch.uint8) + 1,
+           lambda t: (t * 2).view(torch.complex64) * 1j,
+           lambda t: (t * 2).t().contiguous().view(torch.int8),
+           lambda t: t.view(torch.int32)]
+    before = _no_split()
+    for fn in fns:
+        torch._dynamo.reset()
+        got, want = torch.compile(fn, backend="tpu")(x.to("tpu")), fn(x)
+        assert got.dtype == want.dtype and got.shape == want.shape
+        assert torch.equal(got.cpu().view(torch.uint8), want.view(torch.uint8))
+    _assert_no_split(before)
+
+    def g(t):
+        y = t * 2
+        return y, y.view(torch.int32)
+
+    torch._dynamo.reset()
+    y, yi = torch.compile(g, backend="tpu")(x.to("tpu"))
+    yi.add_(1)  # writes through to y, as on the CPU
+    assert torch.equal(y.cpu().view(torch.int32), (x * 2).view(torch.int32) + 1)
+    xt = x.to("tpu")
+    torch.compile(lambda t: t.view(torch.int32), backend="tpu")(xt).sub_(1)
+    assert torch.equal(xt.cpu().view(torch.int32), x.view(torch.int32) - 1)

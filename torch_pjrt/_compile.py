@@ -254,7 +254,8 @@ def _alias_chain(o):
     included) whose fake value shares root's storage and dtype, else None.
     Such an output need not be a program output: it is root's tensor viewed,
     as Inductor returns it (a saved weight's transpose, a value saved in two
-    shapes), which saves XLA a copy of it per output."""
+    shapes), which saves XLA a copy of it per output.  A chain that changes
+    the dtype (view(dtype), view_as_real) is replayed on root's tensor."""
     chain, cur = [], o
     while isinstance(cur, torch.fx.Node) and cur.op == "call_function":
         src = _view_step(cur, _ALIASING)
@@ -264,7 +265,7 @@ def _alias_chain(o):
         chain += [cur] if cur is src else [cur, src]
         cur = src.args[0]
     v, r = o.meta.get("val"), cur.meta.get("val")
-    if (not chain or not isinstance(v, torch.Tensor) or not isinstance(r, torch.Tensor) or v.dtype != r.dtype
+    if (not chain or not isinstance(v, torch.Tensor) or not isinstance(r, torch.Tensor)
             or v.device.type != "tpu" or r.device.type != "tpu"):
         return None
     if v.is_conj() != r.is_conj() or v.is_neg() != r.is_neg():
@@ -865,11 +866,13 @@ class GraphProgram:
             if o in aliases:
                 root, chain = aliases[o]
                 v = o.meta["val"]
-                view = (tuple(v.shape), tuple(v.stride()), v.storage_offset())
+                r = ph_vals[self.ph_index[root]] if root in self.ph_index else root.meta["val"]
+                # as_strided keeps the base's dtype: a view that changes it is replayed (view None)
+                view = (tuple(v.shape), tuple(v.stride()), v.storage_offset()) if v.dtype == r.dtype else None
                 if root in self.ph_index:  # offsets from the traced input's
                     i = self.ph_index[root]
-                    r = ph_vals[i]
-                    view = (*view[:2], view[2] - r.storage_offset())
+                    if view is not None:
+                        view = (*view[:2], view[2] - r.storage_offset())
                     self.outputs.append(("alias", ("in", i), view, (tuple(r.shape), tuple(r.stride())), chain))
                 else:
                     self.outputs.append(("alias", ("v", program_output(root)), view, None, chain))
@@ -960,12 +963,14 @@ class GraphProgram:
             elif kind[0] == "post":
                 result.append(post[kind[1]])
             elif kind[0] == "alias":  # a view of an input or of another output
-                (src, k), (size, stride, offset), traced, chain = kind[1:]
+                (src, k), view, traced, chain = kind[1:]
                 base = args[k] if src == "in" else outs[k]
-                if traced is None:
-                    result.append(base.as_strided(size, stride, offset))
+                if view is None:  # another dtype (view(dtype)): the chain's view ops
+                    result.append(_replay(base, chain))
+                elif traced is None:
+                    result.append(base.as_strided(*view))
                 elif (base.shape, base.stride()) == traced:
-                    result.append(base.as_strided(size, stride, base.storage_offset() + offset))
+                    result.append(base.as_strided(view[0], view[1], base.storage_offset() + view[2]))
                 else:  # an input laid out otherwise than when traced
                     result.append(_replay(base, chain))
             elif kind[0] == "in":

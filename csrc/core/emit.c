@@ -480,6 +480,63 @@ tp_val em_bitcast(tp_emit *e, tp_val x, const tp_type *t) {
   return emit_line(e, "stablehlo.bitcast_convert", NULL, &x, 1, t);
 }
 
+/* Reinterpret a flat value as dtype `to` (like Tensor.view(dtype) of a
+ * contiguous 1-d tensor): bitcast, regrouping elements when sizes differ. */
+tp_val em_reinterpret(tp_emit *e, tp_val flat, tp_dtype to) {
+  const tp_type *t = em_type(e, flat);
+  tp_dtype from = t->dt;
+  if (from == to) return flat;
+  int64_t n = t->dims[0];
+  /* Complex <-> real: bitcast_convert refuses complex types, so a complex
+   * value goes through its (re, im) pairs as 2n parts of the part dtype. */
+  if (tp_dtype_is_complex(from)) {
+    tp_dtype part = from == TP_C64 ? TP_F32 : TP_F64;
+    tp_type pt = tp_type_make(part, 1, &n);
+    int64_t d2[2] = {n, 1}, m = 2 * n;
+    tp_val re = em_reshape(e, em_op(e, "stablehlo.real", NULL, &flat, 1, &pt), 2, d2);
+    tp_val im = em_reshape(e, em_op(e, "stablehlo.imag", NULL, &flat, 1, &pt), 2, d2);
+    tp_val pair[2] = {re, im};
+    return em_reinterpret(e, em_reshape(e, em_concat(e, pair, 2, 1), 1, &m), to);
+  }
+  if (tp_dtype_is_complex(to)) {
+    tp_dtype part = to == TP_C64 ? TP_F32 : TP_F64;
+    tp_val p = em_reinterpret(e, flat, part);
+    int64_t m = em_type(e, p)->dims[0];
+    if (m % 2) return em_fail(e, TP_INVALID_ARGUMENT, "storage of %" PRId64 " %s elements cannot be viewed as %s", m, tp_dtype_name(part), tp_dtype_name(to));
+    int64_t d2[2] = {m / 2, 2}, h = m / 2, lo[2] = {0, 0}, mid[2] = {m / 2, 1}, lo2[2] = {0, 1}, hi2[2] = {m / 2, 2};
+    tp_val pairs = em_reshape(e, p, 2, d2);
+    tp_val in[2] = {em_reshape(e, em_slice(e, pairs, lo, mid, NULL), 1, &h),
+                    em_reshape(e, em_slice(e, pairs, lo2, hi2, NULL), 1, &h)};
+    tp_type ct = tp_type_make(to, 1, &h);
+    return em_op(e, "stablehlo.complex", NULL, in, 2, &ct);
+  }
+  if (from == TP_BOOL) return em_reinterpret(e, em_convert(e, flat, TP_U8), to);
+  if (to == TP_BOOL) {
+    tp_val u = em_reinterpret(e, flat, TP_U8);
+    return em_convert(e, u, TP_BOOL);
+  }
+  size_t fs = tp_dtype_size(from), ts = tp_dtype_size(to);
+  if (!fs || !ts) return em_fail(e, TP_INTERNAL, "reinterpret between unknown dtypes %d and %d", from, to);
+  if (fs == ts) {
+    tp_type r = tp_type_make(to, 1, &n);
+    return em_bitcast(e, flat, &r);
+  }
+  if (fs < ts) {
+    int64_t ratio = (int64_t)(ts / fs);
+    if (n % ratio) return em_fail(e, TP_INVALID_ARGUMENT, "storage of %" PRId64 " %s elements cannot be viewed as %s", n, tp_dtype_name(from), tp_dtype_name(to));
+    int64_t d2[2] = {n / ratio, ratio};
+    tp_val g = em_reshape(e, flat, 2, d2);
+    tp_type r = tp_type_make(to, 1, d2);
+    return em_bitcast(e, g, &r);
+  }
+  int64_t ratio = (int64_t)(fs / ts);
+  int64_t d2[2] = {n, ratio};
+  tp_type r = tp_type_make(to, 2, d2);
+  tp_val g = em_bitcast(e, flat, &r);
+  int64_t m = n * ratio;
+  return em_reshape(e, g, 1, &m);
+}
+
 tp_val em_reshape(tp_emit *e, tp_val x, int rank, const int64_t *dims) {
   if (bad(e, x)) return -1;
   tp_type t = tp_type_make(e->types[x].dt, rank, dims);

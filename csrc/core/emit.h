@@ -80,6 +80,10 @@ tp_val em_convert(tp_emit *e, tp_val x, tp_dtype dt);          /* no-op if same 
  * intermediates where PyTorch's CPU kernels do use this. */
 tp_val em_round_to(tp_emit *e, tp_val x, tp_dtype dt);
 tp_val em_bitcast(tp_emit *e, tp_val x, const tp_type *t);
+/* A rank-1 value's bytes as dtype `to` (Tensor.view(dtype) of a contiguous
+ * 1-d tensor): a bitcast, elements regrouped where the sizes differ; complex
+ * values through their (re, im) parts, bool through uint8. */
+tp_val em_reinterpret(tp_emit *e, tp_val flat, tp_dtype to);
 tp_val em_reshape(tp_emit *e, tp_val x, int rank, const int64_t *dims);
 tp_val em_transpose(tp_emit *e, tp_val x, const int64_t *perm);
 /* broadcast_in_dim: x's dim i goes to output dim map[i]. */

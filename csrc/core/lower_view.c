@@ -32,6 +32,18 @@ static void transpose2(tp_emit *e, const tp_node *n, tp_val *o, int d0, int d1) 
   o[0] = em_transpose(e, lw_value(e, n, 0), perm);
 }
 
+/* view.dtype(self, dtype): the bytes as the new dtype.  The meta function
+ * admits element sizes that differ only where the last dim is contiguous, and
+ * scales it by their ratio; a graph value is row-major, so its flattened
+ * bytes reinterpreted (em_reinterpret, as eager mode reads a view of a
+ * storage) are the result's elements in order. */
+static void r_view_dtype(tp_emit *e, const tp_node *n, tp_val *o) {
+  tp_val x = lw_value(e, n, 0);
+  int64_t numel = tp_type_numel(em_type(e, x));
+  tp_val flat = em_reinterpret(e, em_reshape(e, x, 1, &numel), n->outs[0].dt);
+  o[0] = em_reshape(e, flat, n->outs[0].rank, n->outs[0].dims);
+}
+
 /* view_as_real: (..., 2) holding (re, im); view_as_complex its inverse. */
 static void r_view_as_real(tp_emit *e, const tp_node *n, tp_val *o) {
   tp_val z = lw_value(e, n, 0);
@@ -224,6 +236,8 @@ const tp_lower_entry tp_lower_view[] = {
     {"aten::as_strided_copy", r_as_strided},
     {"aten::diagonal", r_diagonal},
     {"aten::diagonal_copy", r_diagonal},
+    {"aten::view.dtype", r_view_dtype},
+    {"aten::view_copy.dtype", r_view_dtype},
     {"aten::view_as_real", r_view_as_real},
     {"aten::view_as_real_copy", r_view_as_real},
     {"aten::view_as_complex", r_view_as_complex},

@@ -1391,3 +1391,24 @@ def test_view_dtype_is_a_bitcast_in_the_program():
     xt = x.to("tpu")
     torch.compile(lambda t: t.view(torch.int32), backend="tpu")(xt).sub_(1)
     assert torch.equal(xt.cpu().view(torch.int32), x.view(torch.int32) - 1)
+
+
+def test_item_under_fullgraph_converts_in_the_program():
+    """x * x.sum().item() under fullgraph=True leaves
+    prims.convert_element_type in the graph (the captured float, through
+    float64), which split it; it is a conversion in the program, with
+    _to_copy's semantics for the other dtypes."""
+    x = torch.tensor([[1.5, -2.0, 3.25], [0.5, -7.75, 4.0]])
+    y = torch.tensor([[1.5, -2.0, 3.25], [0.1, -7.9, 1e10]])
+    conv = torch.ops.prims.convert_element_type
+    fns = [(lambda t: t * t.sum().item(), x),
+           (lambda t: t * (t[0, 0] * 3).item() + t.mean().item(), x),
+           (lambda t: (conv(t, torch.int32), conv(t * 2, torch.float64), conv(t > 0, torch.float16),
+                       conv(conv(t, torch.int64), torch.bfloat16), conv(t, torch.uint8)), y)]
+    before = _no_split()
+    for fn, x in fns:
+        torch._dynamo.reset()
+        got, want = torch.compile(fn, backend="tpu", fullgraph=True)(x.to("tpu")), fn(x)
+        for g, w in zip(*(r if isinstance(r, tuple) else (r,) for r in (got, want))):
+            assert g.dtype == w.dtype and torch.equal(g.cpu(), w)
+    _assert_no_split(before)

@@ -198,12 +198,14 @@ for _name in ("exp expm1 exp2 log log1p log2 log10 sqrt rsqrt sin cos tan tanh a
     REACH[f"aten::{_name}"] = (lambda n: lambda: getattr(torch, n)(_x()))(_name)
 
 # Entries eager mode never reaches: factories are allocations filled by
-# fill_/zero_, clone and _to_copy become tp::copy, and the rest are
+# fill_/zero_, clone, _to_copy and prims::convert_element_type become
+# tp::copy, and the rest are
 # CompositeImplicit (decomposed before the backend sees them).  Compiled
 # graphs contain them: test_compiled_graph_entries runs them there.
 NOT_EAGER = {
     "aten::empty.memory_format", "aten::empty_strided", "aten::empty_permuted", "aten::zeros", "aten::ones",
     "aten::full", "aten::scalar_tensor", "aten::clone", "aten::_to_copy", "prims::fma", "aten::square",
+    "prims::convert_element_type",
     "aten::isfinite", "aten::silu_backward", "aten::empty_like", "aten::zeros_like", "aten::ones_like",
     # conjugate / negative bits are views in eager mode; graphs lower them as values (test_compile.py)
     "aten::_conj", "aten::_neg_view",

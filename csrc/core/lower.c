@@ -253,7 +253,7 @@ tp_dtype lw_dtype(tp_emit *e, const tp_node *n, int i) {
  * is z != 0, as logical ops take it). */
 static int is_copy_op(const char *op) {
   return !strcmp(op, "tp::copy") || !strcmp(op, "aten::copy") || !strcmp(op, "aten::_to_copy") ||
-         !strcmp(op, "aten::clone");
+         !strcmp(op, "aten::clone") || !strcmp(op, "prims::convert_element_type");
 }
 
 tp_val lw_tensor(tp_emit *e, const tp_node *n, int i, tp_dtype dt) {

@@ -905,6 +905,7 @@ const tp_lower_entry tp_lower_elementwise[] = {
     {"tp::copy", r_copy},
     {"aten::clone", r_copy},
     {"aten::_to_copy", r_copy},
+    {"prims::convert_element_type", r_copy}, /* (a, dtype): Dynamo's .item() of a captured float leaves it in graphs */
     {"aten::copy", r_copy2},
     {"aten::fill.Scalar", r_fill},
     {"aten::fill.Tensor", r_fill},

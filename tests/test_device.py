@@ -948,7 +948,8 @@ def test_checkpoint_replays_dropout():
 
 _SPAWN_LOADER = """
 import torch, torch_pjrt
-from torch.utils.data import DataLoader, Dataset
+import torch.multiprocessing as mp
+from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 
 class DS(Dataset):
@@ -959,7 +960,24 @@ class DS(Dataset):
         return torch.full((3,), float(i), device="tpu")
 
 
+def child(t, p, q):
+    q.put((t.device.type, t.dtype, t.tolist(), type(p).__name__, p.requires_grad, p.tolist()))
+
+
 if __name__ == "__main__":
+    ctx = mp.get_context("spawn")
+    # tpu tensors as a spawned Process's arguments (pickled before the start)
+    q = ctx.Queue()
+    t = torch.arange(6, dtype=torch.bfloat16, device="tpu").view(2, 3).t()
+    proc = ctx.Process(target=child, args=(t, torch.nn.Parameter(torch.ones(2, device="tpu")), q))
+    proc.start()
+    got = q.get(timeout=120)
+    proc.join(120)
+    assert proc.exitcode == 0 and got == ("tpu", torch.bfloat16, t.tolist(), "Parameter", True, [1.0, 1.0]), got
+    # a dataset holding tpu tensors, sent to the workers
+    ds = TensorDataset(torch.arange(8.0, device="tpu").view(4, 2))
+    pairs = [b for (b,) in DataLoader(ds, batch_size=2, num_workers=2, multiprocessing_context="spawn")]
+    assert torch.equal(torch.cat(pairs).cpu(), torch.arange(8.0).view(4, 2))
     batches = [b for b in DataLoader(DS(), batch_size=2, num_workers=1, multiprocessing_context="spawn")]
     assert all(b.device.type == "tpu" for b in batches)
     print(torch.cat(batches).sum().item())
@@ -969,7 +987,9 @@ if __name__ == "__main__":
 def test_tensors_cross_process_queues(tmp_path):
     """tpu tensors sent through torch.multiprocessing queues (a spawned
     DataLoader worker's batches) arrive as copies on the same device; before,
-    the worker's pickler failed in a thread and the parent hung."""
+    the worker's pickler failed in a thread and the parent hung.  So do a
+    spawned Process's tpu arguments and a dataset holding tpu tensors (whose
+    shared-memory copy was freed before the child opened it)."""
     from multiprocessing.reduction import ForkingPickler
     import pickle
 

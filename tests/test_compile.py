@@ -1412,3 +1412,39 @@ def test_item_under_fullgraph_converts_in_the_program():
         for g, w in zip(*(r if isinstance(r, tuple) else (r,) for r in (got, want))):
             assert g.dtype == w.dtype and torch.equal(g.cpu(), w)
     _assert_no_split(before)
+
+
+def test_cummax_and_cummin_lowered_forward_and_backward():
+    """cummax / cummin split their graphs; they run eager mode's rule
+    (_cummax_helper's) in the program: ties take the last index, as the CPU's
+    loop does, a NaN propagates and keeps its index; the backward scatters
+    the gradient to the indices."""
+    nan = float("nan")
+    x = torch.tensor([[1.0, 1.0, 0.0, 1.0, -2.0, 3.0, 3.0, 2.0],
+                      [0.0, nan, 5.0, nan, 1.0, -1.0, -1.0, 7.0],
+                      [-0.0, 0.0, -0.0, 2.0, 2.0, -3.0, -3.0, -3.0]])
+    cases = [(x, 1), (x, 0), (x, -1), (x.t().contiguous().view(2, 4, 3), 1),
+             (torch.tensor([3, 1, 3, -5, 7, 7, -9], dtype=torch.int64), 0),
+             (torch.tensor([[1, 2, 2], [0, 0, 1]], dtype=torch.int8), 1),
+             (torch.tensor([True, False, True, True]), 0), (torch.tensor(2.5), 0),
+             (x.to(torch.bfloat16), 1), (x.double(), 0)]
+    before = _no_split()
+    for t, dim in cases:
+        for op in (torch.cummax, torch.cummin):
+            torch._dynamo.reset()
+            got = torch.compile(lambda a: op(a, dim), backend="tpu")(t.to("tpu"))
+            want = op(t, dim)
+            for g, w in zip(got, want):
+                assert g.dtype == w.dtype and g.shape == w.shape
+                assert torch.equal(g.cpu(), w) or (w.is_floating_point() and torch.equal(g.cpu().isnan(), w.isnan())
+                                                   and torch.equal(g.cpu().nan_to_num(), w.nan_to_num()))
+    for op in (torch.cummax, torch.cummin):
+        torch._dynamo.reset()
+        g = torch.randn(3, 8)
+        xc = x.nan_to_num(4.0).requires_grad_()
+        xt = xc.detach().to("tpu").requires_grad_()
+        f = lambda a: op(a * 2, 1).values * torch.arange(8.0, device=a.device)
+        (f(xc) * g).sum().backward()
+        (torch.compile(f, backend="tpu")(xt) * g.to("tpu")).sum().backward()
+        assert torch.equal(xt.grad.cpu(), xc.grad)
+    _assert_no_split(before)

@@ -159,6 +159,14 @@ def _post_nodes(graph, host):
     return post
 
 
+# Ops whose kernel on tpu is PyTorch's generic one, which writes its outputs
+# through a helper op that has a rule (eager mode runs the helper): in a
+# graph the node is that helper, its output arguments left None (a rule
+# writes its node's outputs).  op -> (helper, its output argument positions)
+_VIA_HELPER = {torch.ops.aten.cummax.default: ("aten::_cummax_helper", (1, 2)),
+               torch.ops.aten.cummin.default: ("aten::_cummin_helper", (1, 2))}
+
+
 def _lowerable(n, moved):
     """Whether the program can compute call node n (a getitem: if it reads
     a node the program computes)."""
@@ -171,7 +179,7 @@ def _lowerable(n, moved):
         base = n.target._schema.name.split("::")[1][len("_foreach_"):]
         t = _foreach_target(base, n.target._schema.overload_name or "default")
         return t is not None and _C.has_lowering(_qualname(t))
-    return _C.has_lowering(name)
+    return _C.has_lowering(_VIA_HELPER[n.target][0] if n.target in _VIA_HELPER else name)
 
 
 def _cpu_nodes(graph, ph_vals):
@@ -619,6 +627,15 @@ class GraphProgram:
             return
         if n.target is torch.ops.aten.as_strided_scatter.default:
             values[n] = self._as_strided_scatter(n, values)
+            return
+        if n.target in _VIA_HELPER:
+            helper, outs = _VIA_HELPER[n.target]
+            args = list(_schema_args(n.target, n.args, n.kwargs))
+            for i in outs:
+                args.insert(i, None)
+            vals = tuple(self._arg(a, values, False) for a in args)
+            first = _C.graph_add(self.gid, helper, vals, [_type(o) for o in n.meta["val"]])
+            values[n] = tuple(first + k for k in range(len(n.meta["val"])))
             return
         values[n] = self._add_op(n.target, n.args, n.kwargs, n.meta.get("val"), values)
 

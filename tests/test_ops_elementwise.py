@@ -1426,3 +1426,24 @@ def test_complex_special_values(dt):
               lambda v: torch.linalg.vector_norm(v[:3]), torch.angle):
         torch.testing.assert_close(f(zt).cpu(), f(z), equal_nan=True, rtol=1e-6, atol=0)
     assert torch.isinf(zt).tolist() == [False, False, True, True, False, True, False, False, False, False]
+
+
+def test_fill_values_at_the_integer_limits():
+    """fill_/full with the 64-bit limits, integers above INT64_MAX, NaN and
+    infinities: the CPU's values or its overflow error (INT64_MAX was refused,
+    being 2^63 as a double; 2^63 filled a float tensor with -2^63; NaN filled
+    integer tensors)."""
+    values = [2**63 - 1, -2**63, 2**63, 2**64 - 1, -1, 256, -129, 2**32 - 1, 1e10, float("inf"), float("nan"), 70000.0]
+    dtypes = [torch.int64, torch.uint64, torch.int32, torch.uint8, torch.int8, torch.float16, torch.float32,
+              torch.bfloat16, torch.bool]
+
+    def run(f):
+        try:
+            return f().tolist()
+        except RuntimeError as e:
+            return str(e)
+
+    for v in values:
+        for dt in dtypes:
+            for f in (lambda d: torch.zeros(2, dtype=dt, device=d).fill_(v), lambda d: torch.full((2,), v, dtype=dt, device=d)):
+                assert str(run(lambda: f("tpu").cpu())) == str(run(lambda: f("cpu"))), (v, dt)

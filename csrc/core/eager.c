@@ -1039,7 +1039,8 @@ static uint16_t f32_to_f16(float f) {
  * match PyTorch's for in-range values). */
 static void scalar_bytes(const tp_arg *a, tp_dtype dt, unsigned char out[16]) {
   int isf = tp_dtype_is_float(a->sdt) || tp_dtype_is_complex(a->sdt);
-  double f = isf ? a->f : (double)a->i;
+  int above_i64 = !isf && a->i < 0 && a->f > 0; /* .i holds an integer above INT64_MAX as uint64 bits */
+  double f = isf || above_i64 ? a->f : (double)a->i;
   int64_t i = isf ? (int64_t)a->f : a->i;
   memset(out, 0, 16);
   switch (dt) {
@@ -1385,7 +1386,7 @@ static tp_status *need_read(tp_lower_ctx *c, const tp_tensor_ref *r) {
  * type's largest finite value; bool, float64 and complex128 take anything. */
 static tp_status *check_scalar_fits(const tp_arg *a, tp_dtype dt) {
   int isf = tp_dtype_is_float(a->sdt) || tp_dtype_is_complex(a->sdt);
-  double v = isf ? a->f : (double)a->i;
+  double v = a->f; /* an integer's value too: .i holds integers above INT64_MAX as uint64 bits */
   const char *name = NULL;
   double lo = 0, hi = 0;
   switch (dt) {
@@ -1408,7 +1409,10 @@ static tp_status *check_scalar_fits(const tp_arg *a, tp_dtype dt) {
     default: return NULL;
   }
   int bad;
-  if (!tp_dtype_is_int(dt)) bad = isfinite(v) && fabs(v) > hi;
+  if (!isf && dt == TP_I64) bad = v > 0 && a->i < 0; /* only above INT64_MAX (which is 2^63 as a double) */
+  else if (!isf && dt == TP_U64) bad = 0;              /* any 64-bit integer (negatives wrap) */
+  else if (!tp_dtype_is_int(dt)) bad = isfinite(v) && fabs(v) > hi;
+  else if (isnan(v)) bad = 1;
   else if (tp_dtype_is_unsigned(dt)) bad = dt == TP_U64 ? fabs(v) >= hi : fabs(v) > hi;
   else bad = v < lo || (dt == TP_I64 ? v >= hi : v > hi); /* the int64 bound is 2^63 */
   return bad ? tp_error(TP_INVALID_ARGUMENT, "value cannot be converted to type %s without overflow", name) : NULL;

@@ -1099,3 +1099,31 @@ def test_meta_init_default_device_and_export():
     program = torch.export.export(copy.deepcopy(cpu_model).to("tpu"), (x.to("tpu"),))
     torch.testing.assert_close(program.module()(x.to("tpu")).cpu(), ref)
     torch.testing.assert_close(torch.compile(program.module(), backend="tpu")(x.to("tpu")).cpu(), ref)
+
+
+def test_deterministic_algorithms():
+    """torch.use_deterministic_algorithms(True): new memory reads as NaN
+    (integers: their largest value) as on the CPU, also after resize_; ops
+    whose CUDA kernels are nondeterministic but whose programs are not (median
+    with indices, histc) run instead of raising CUDA's alert."""
+    try:
+        torch.use_deterministic_algorithms(True)
+        for dev in ("cpu", "tpu"):
+            r = torch.ones(2, device=dev)
+            r.resize_(4)
+            got = [torch.empty(3, device=dev), torch.empty(2, dtype=torch.int32, device=dev), r,
+                   torch.empty_strided((2, 2), (1, 2), dtype=torch.uint8, device=dev),
+                   torch.empty_like(torch.ones(2, dtype=torch.bfloat16, device=dev))]
+            if dev == "cpu":
+                want = [str(t.tolist()) for t in got]
+            else:
+                assert [str(t.cpu().tolist()) for t in got] == want
+        x = torch.tensor([[3.0, 1, 2], [0, 5, 4]])
+        for f in (lambda t: torch.median(t, 1), lambda t: torch.nanmedian(t, 1), lambda t: torch.histc(t, bins=3)):
+            a, b = f(x), f(x.to("tpu"))
+            for u, v in zip(a if isinstance(a, tuple) else (a,), b if isinstance(b, tuple) else (b,)):
+                assert torch.equal(v.cpu(), u)
+        assert torch.are_deterministic_algorithms_enabled()
+    finally:
+        torch.use_deterministic_algorithms(False)
+    assert torch.ones(3, device="tpu").add_(1).tolist() == [2.0, 2.0, 2.0]

@@ -872,9 +872,9 @@ class _Handler:
                 if self.is_out:  # the functional arguments only
                     vals = self._values(args, kwargs, self.all_args)
                     args, kwargs = [vals[i] for i in self.functional_idx], {}
-                meta_out = py_meta(*tree_map(_to_meta, args), **tree_map(_to_meta, kwargs))
+                meta_out = _without_cuda_alerts(py_meta, tree_map(_to_meta, args), tree_map(_to_meta, kwargs))
             else:
-                meta_out = self.op(*tree_map(_to_meta, args), **tree_map(_to_meta, kwargs))
+                meta_out = _without_cuda_alerts(self.op, tree_map(_to_meta, args), tree_map(_to_meta, kwargs))
         except RuntimeError as e:
             msg = str(e)
             if "Expected a value of type 'Tensor'" in msg:
@@ -1101,6 +1101,22 @@ class _Handler:
         if multi:
             return tuple(outs)
         return outs[0]
+
+
+def _without_cuda_alerts(fn, args, kwargs):
+    """fn(*args, **kwargs) (a meta function) with the deterministic-algorithms
+    alerts off: PyTorch's meta functions take a meta tensor for a CUDA one
+    (device_hint) and raise CUDA's alerts ("median CUDA with indices output
+    does not have a deterministic implementation") where the CPU runs; the
+    programs these ops lower to are deterministic."""
+    if not torch.are_deterministic_algorithms_enabled():
+        return fn(*args, **kwargs)
+    warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.use_deterministic_algorithms(False)
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        torch.use_deterministic_algorithms(True, warn_only=warn_only)
 
 
 _handlers = {}

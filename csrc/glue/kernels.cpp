@@ -20,6 +20,7 @@
 #include <ATen/EmptyTensor.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/native/Resize.h>
+#include <ATen/native/ResizeCommon.h>
 #include <ATen/native/TensorFactories.h>
 #include <ATen/ops/_reshape_alias_native.h>
 #include <ATen/ops/as_strided_native.h>
@@ -36,6 +37,20 @@ namespace torch_pjrt {
 namespace {
 
 constexpr c10::DispatchKeySet kTpuKeys(c10::DispatchKey::PrivateUse1);
+
+// torch.use_deterministic_algorithms(True) with
+// torch.utils.deterministic.fill_uninitialized_memory (the default): new
+// memory reads as NaN (integers: their largest value), as on the CPU and
+// CUDA, so a read of uninitialised memory shows.
+bool fill_uninitialized() {
+  const at::Context& ctx = at::globalContext();
+  return ctx.deterministicAlgorithms() && ctx.deterministicFillUninitializedMemory();
+}
+
+at::Tensor filled(at::Tensor t) {
+  if (C10_UNLIKELY(fill_uninitialized()) && t.numel() > 0) at::native::fill_empty_deterministic_(t);
+  return t;
+}
 
 void check_options(const c10::Device& device,
                    std::optional<c10::Layout> layout,
@@ -59,8 +74,8 @@ at::Tensor empty_memory_format(c10::IntArrayRef size,
   check_options(dev, layout, pin_memory);
   // The allocator allocates on the current device: make it `dev`.
   const c10::DeviceGuard guard(dev);
-  return at::detail::empty_generic(size, allocator(), kTpuKeys,
-                                   c10::dtype_or_default(dtype), format);
+  return filled(at::detail::empty_generic(size, allocator(), kTpuKeys,
+                                          c10::dtype_or_default(dtype), format));
 }
 
 at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride,
@@ -71,9 +86,9 @@ at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride,
   const c10::Device dev = c10::device_or_default(device);
   check_options(dev, layout, pin_memory);
   const c10::DeviceGuard guard(dev);
-  return at::detail::empty_strided_generic(size, stride, allocator(),
-                                           kTpuKeys,
-                                           c10::dtype_or_default(dtype));
+  return filled(at::detail::empty_strided_generic(size, stride, allocator(),
+                                                  kTpuKeys,
+                                                  c10::dtype_or_default(dtype)));
 }
 
 // A ZeroTensor: all zeros by definition, no storage behind it (as the CPU
@@ -105,12 +120,14 @@ void ensure_storage(c10::TensorImpl* self, size_t nbytes) {
 const at::Tensor& resize_(const at::Tensor& self, c10::IntArrayRef size,
                           std::optional<c10::MemoryFormat> format) {
   c10::TensorImpl* impl = self.unsafeGetTensorImpl();
+  const int64_t old_nbytes = static_cast<int64_t>(impl->unsafe_storage().nbytes());
   // Sizes and contiguous strides only; the storage is ours to grow.
   at::native::resize_impl_cpu_(impl, size, std::nullopt,
                                /*resize_storage=*/false);
   ensure_storage(impl, at::detail::computeStorageNbytesContiguous(
                            size, self.dtype().itemsize(),
                            impl->storage_offset()));
+  if (C10_UNLIKELY(fill_uninitialized())) at::native::fill_resize_deterministic_(self, old_nbytes);
   if (format) {
     TORCH_CHECK(*format != c10::MemoryFormat::Preserve,
                 "Unsupported memory format ", *format);

@@ -631,17 +631,20 @@ def test_async_then_synchronize():
     assert torch.isfinite(b).all().item()
 
 
-def test_cpu_plugin_compiles_without_loop_strength_reduction():
+def test_cpu_plugin_default_xla_flags():
     """torch_pjrt/_plugin.py: LLVM's LSR off for the XLA CPU plugin (a third
-    of compile time), unless XLA_FLAGS already passes LLVM options."""
+    of compile time), and Eigen's intra-op threads with two CPUs or fewer,
+    each unless XLA_FLAGS already sets that option."""
     if os.environ.get("TORCH_PJRT_PLUGIN"):
         pytest.skip("another plugin")
-    assert "--xla_backend_extra_options=-disable-lsr" in os.environ["XLA_FLAGS"].split()
-    own = "--xla_backend_extra_options=-lsr-complexity-limit=100"
+    flags = os.environ["XLA_FLAGS"].split()
+    assert "--xla_backend_extra_options=-disable-lsr" in flags
+    assert ("--xla_cpu_multi_thread_eigen=false" in flags) == (os.cpu_count() <= 2)
+    own = "--xla_backend_extra_options=-lsr-complexity-limit=100 --xla_cpu_multi_thread_eigen=true"
     out = subprocess.run([sys.executable, "-c", "import os, torch_pjrt, torch; "
                           "print((torch.ones(3, device='tpu') * 2).sum().item(), os.environ['XLA_FLAGS'])"],
                          env=dict(os.environ, XLA_FLAGS=own), capture_output=True, text=True, check=True)
-    assert out.stdout.split() == ["6.0", own]
+    assert out.stdout.split() == ["6.0", *own.split()]
 
 
 @pytest.mark.parametrize("flag,says", [("--xla_not_a_flag=1", "Unknown flag in XLA_FLAGS: --xla_not_a_flag=1"),

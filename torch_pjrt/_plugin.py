@@ -34,20 +34,33 @@ def plugin_path():
     return path
 
 
-# LLVM's loop strength reduction is about a third of the XLA CPU plugin's
-# compile time for the small programs eager mode makes (100 -> 70 ms a
-# program), and measured no slower kernels without it (docs/architecture.md,
-# "Compile time").  Off for the CPU plugin unless XLA_FLAGS already passes
-# options to LLVM.  XLA reads XLA_FLAGS once, so this is set before loading.
-_CPU_XLA_FLAGS = "--xla_backend_extra_options=-disable-lsr"
+# Defaults for the XLA CPU plugin, each unless XLA_FLAGS already sets that
+# option.  XLA reads XLA_FLAGS once, so they are set before loading.
+# - LLVM's loop strength reduction is about a third of the plugin's compile
+#   time for the small programs eager mode makes (100 -> 70 ms a program),
+#   and measured no slower kernels without it (docs/architecture.md,
+#   "Compile time").
+# - With two CPUs or fewer, Eigen's intra-op thread pool (matmuls,
+#   convolutions) costs more in hand-offs than it gains: minGPT and Llama
+#   training steps 10-13% faster without it, eager and compiled, and a
+#   1024x1024 matmul or a 64-channel 3x3 convolution no slower (measured on
+#   this project's 2-CPU machines, docs/architecture.md "Compile time").
+_CPU_XLA_FLAGS = {"xla_backend_extra_options": "--xla_backend_extra_options=-disable-lsr",
+                  "xla_cpu_multi_thread_eigen": "--xla_cpu_multi_thread_eigen=false"}
+
+
+def _with_cpu_defaults(flags):
+    for option, flag in _CPU_XLA_FLAGS.items():
+        if option == "xla_cpu_multi_thread_eigen" and (os.cpu_count() or 1) > 2:
+            continue
+        if option not in flags:
+            flags = f"{flags} {flag}".strip()
+    return flags
 
 
 def set_default_xla_flags(path):
-    if path != default_plugin():
-        return
-    flags = os.environ.get("XLA_FLAGS", "")
-    if "xla_backend_extra_options" not in flags:
-        os.environ["XLA_FLAGS"] = f"{flags} {_CPU_XLA_FLAGS}".strip()
+    if path == default_plugin():
+        os.environ["XLA_FLAGS"] = _with_cpu_defaults(os.environ.get("XLA_FLAGS", ""))
 
 
 # XLA parses XLA_FLAGS when the plugin creates its client and aborts the
@@ -66,7 +79,7 @@ _C.init(sys.argv[2], 1)
 
 def check_xla_flags(path, c_module_file):
     flags = os.environ.get("XLA_FLAGS", "").strip()
-    if not flags or flags == _CPU_XLA_FLAGS:
+    if not flags or flags == _with_cpu_defaults(""):
         return
     r = subprocess.run([sys.executable, "-c", _PROBE, c_module_file, path], capture_output=True, text=True,
                        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))

@@ -881,3 +881,15 @@ def test_segment_reduce(reduce):
                     (dict(offsets=torch.tensor([0, 4, 2, 6])), "segment_length >= 0")]:
         with pytest.raises(RuntimeError, match=msg):
             torch.segment_reduce(torch.randn(6, 2, device="tpu"), reduce, **{k: v.to("tpu") for k, v in kw.items()}).cpu()
+
+
+def test_constant_pad_value_out_of_the_dtype_range_raises():
+    """F.pad's value goes through the CPU's checked conversion (it wrapped:
+    300 padded uint8 with 44)."""
+    for x, v in [(torch.tensor([1, 2, 3], dtype=torch.uint8), 300), (torch.tensor([1, 2], dtype=torch.int8), 1e40),
+                 (torch.tensor([1.0, 2.0]), 1e40)]:
+        with pytest.raises(RuntimeError, match="without overflow"):
+            F.pad(x, (1, 0), value=v)
+        with pytest.raises(RuntimeError, match="without overflow"):
+            F.pad(x.to("tpu"), (1, 0), value=v).cpu()
+    assert F.pad(torch.tensor([1, 2], dtype=torch.uint8, device="tpu"), (1, 1), value=7).tolist() == [7, 1, 2, 7]

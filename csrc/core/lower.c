@@ -38,7 +38,7 @@ static const struct {
     {"aten::full", FITS(1)},               {"aten::masked_fill.Scalar", FITS(2)},
     {"aten::index_fill.int_Scalar", FITS(3)}, {"aten::scatter.value", FITS(3)},
     {"aten::clamp", FITS(1) | FITS(2)},    {"aten::clamp_min", FITS(1)},
-    {"aten::clamp_max", FITS(1)},
+    {"aten::clamp_max", FITS(1)},          {"aten::constant_pad_nd", FITS(2)},
 };
 
 static const tp_lower_entry **g_sorted;

@@ -14,13 +14,12 @@ file's control (each has a test below that pins the tpu behaviour):
   meta function; the lowering cannot see scalar values (they are runtime
   parameters) and the dispatcher does not check, so tpu computes powi's
   answer (1, +-1 or 0).  xfail below.
-- masked_fill(mask, 0-dim CPU tensor) fails in the dispatcher's meta step.
-  xfail below.
 - Checked Scalar conversions (fill_(uint8 tensor, -2.5) raises "value cannot
   be converted to type uint8_t without overflow" on the CPU) are not made.
 """
 import math
 import re
+import warnings
 from pathlib import Path
 
 import pytest
@@ -667,10 +666,14 @@ def test_where_masked_fill(dtype):
     check(lambda x, c: x.t().masked_fill(c, 1), x2, torch.tensor([True, False, True]))
 
 
-@pytest.mark.xfail(strict=True, reason="_dispatch._Handler._meta retries with CPU scalars moved to meta only when "
-                   "the error message says 'cpu'; masked_fill's says 'Expected `value` to be on same device'")
-def test_masked_fill_cpu_scalar_value():
+def test_masked_fill_cpu_scalar_value_and_where_uint8_condition():
+    # A 0-dim CPU value (PyTorch's ref refused it next to meta tensors); a
+    # uint8 condition, which the CPU kernel takes and PyTorch's ref refuses.
     check(lambda x, c: x.masked_fill(c, torch.tensor(1.5)), randn(4), torch.tensor([True, False, True, False]))
+    m = torch.tensor([1, 0, 1, 0], dtype=torch.uint8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the CPU's deprecation warning
+        check(lambda x, c: torch.where(c, x, x * 0), randn(4), m)
 
 
 @pytest.mark.parametrize("dtype", FLOATS + INTS, ids=str)

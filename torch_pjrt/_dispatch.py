@@ -461,6 +461,8 @@ _PY_META = {
     "aten::multi_margin_loss_backward": lambda grad_output, self, *a, **k: _like_self(self),
     "aten::multilabel_margin_loss_backward": lambda grad_output, self, *a, **k: _like_self(self),
     "aten::fractional_max_pool3d_backward": lambda grad_output, self, *a, **k: _like_self(self),
+    # The CPU kernel still takes a uint8 condition (deprecated); PyTorch's ref refuses it.
+    "aten::where.self": lambda c, x, y: torch.where(c.bool() if c.dtype == torch.uint8 else c, x, y),
 }
 # Run after the lowering, with (argument values, outputs): output fix-ups
 # that depend on computed values (keyed by the functional op's name).
@@ -885,8 +887,9 @@ class _Handler:
             if "Attempting to broadcast a dimension" in msg and torch.Tag.pointwise in self.op.tags:
                 _raise_broadcast(args, kwargs)
             # Some meta functions refuse a CPU scalar tensor next to meta
-            # tensors; retry with those on meta as well.
-            if "cpu" not in msg:
+            # tensors ("... on cpu", masked_fill's "Expected `value` to be on
+            # same device as `a`"); retry with those on meta as well.
+            if "cpu" not in msg and "same device" not in msg:
                 raise
             meta_out = self.op(*tree_map(_to_meta_all, args), **tree_map(_to_meta_all, kwargs))
         multi = isinstance(meta_out, (tuple, list))

@@ -361,7 +361,7 @@ class GraphProgram:
             if o in post:
                 self.post_outs.setdefault(o, len(self.post_outs))
         self.post_gm = _post_graph(gm, post, post_in, list(self.post_outs)) if post else None
-        self.post_in = post_in  # sources set in _set_outputs
+        self.post_in = post_in  # its input nodes; _set_outputs turns them into sources (as self.outputs')
         self.ph_index = {n: i for i, n in enumerate(placeholders)}
         self.rng_states = set()  # value ids of tp::rng_state nodes
         self.params = []  # per program parameter: ("in", input index) | ("const", tensor) | ("host", k)

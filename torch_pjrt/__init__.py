@@ -1,29 +1,39 @@
 """torch-pjrt: PyTorch on TPUs and any PJRT device, as the "tpu" device.
 
-    import torch, torch_pjrt
+    import torch                     # installed, the package loads itself
     model = model.to("tpu")
 
-Importing this package opens the PJRT plugin (TORCH_PJRT_PLUGIN, default:
-the XLA CPU plugin), renames PyTorch's PrivateUse1 backend to "tpu",
-registers torch.tpu and the op fallback that runs ops through the C core.
+PyTorch imports this package when it is imported (the `torch.backends`
+entry point: device-backend autoload; TORCH_DEVICE_BACKEND_AUTOLOAD=0 turns
+it off, and then `import torch_pjrt` does the same).  Importing it opens the
+PJRT plugin (TORCH_PJRT_PLUGIN, default: the XLA CPU plugin), renames
+PyTorch's PrivateUse1 backend to "tpu", registers torch.tpu and the op
+fallback that runs ops through the C core (torch_pjrt/_api.py).
+
+A plugin that is missing or does not open, or a native part that does not
+load, never makes the import fail: torch.tpu.is_available() is then False,
+torch.tpu.device_count() 0, and the first use of the device raises the error
+that says what went wrong and the way out (torch_pjrt/_unavailable.py).
 """
 import os
-import sys
 
 import torch
 
 from . import _plugin
 
 _ROOT = os.path.dirname(os.path.abspath(__file__))
+# Why the device could not open (an exception), or None once it did.
+load_error = None
 
 
-def _load():
+def _open():
     try:
         from . import _C
     except ImportError as e:
-        raise ImportError(
-            f"torch-pjrt's C core is not built ({e}). Run `make build` in the repository."
-        ) from e
+        raise RuntimeError(
+            f"torch-pjrt's native core does not load ({e}). Reinstall the package "
+            f"(`pip install torch-pjrt`), or run `make build` in a checkout of the repository."
+        ) from None
     path = _plugin.plugin_path()
     if not os.path.exists(path):
         raise RuntimeError(
@@ -44,112 +54,29 @@ def _load():
             f"torch-pjrt could not open the PJRT plugin {path}: {e}. Set TORCH_PJRT_PLUGIN to a "
             f"working PJRT plugin, or unset it to use the XLA CPU plugin (pip install xla-cpu-pjrt)."
         ) from None
-    return _C
+    if torch._C._get_privateuse1_backend_name() != "tpu":
+        torch.utils.rename_privateuse1_backend("tpu")
+    if not torch._C._dispatch_has_kernel_for_dispatch_key("aten::empty.memory_format", "PrivateUse1"):
+        glue = os.path.join(_ROOT, "_glue.so")
+        try:
+            torch.ops.load_library(glue)
+        except OSError as e:
+            raise RuntimeError(
+                f"torch-pjrt's PyTorch glue {glue} does not load with torch {torch.__version__} ({e}). "
+                f"torch-pjrt is built for the torch it pins: reinstall it beside that version."
+            ) from None
 
 
-_C = _load()
+try:
+    _open()
+except RuntimeError as e:
+    load_error = e
 
-if torch._C._get_privateuse1_backend_name() != "tpu":
-    torch.utils.rename_privateuse1_backend("tpu")
+if load_error is None:
+    from ._api import *  # noqa: F401,F403,E402
+else:
+    from . import _unavailable  # noqa: E402
 
-if not torch._C._dispatch_has_kernel_for_dispatch_key("aten::empty.memory_format", "PrivateUse1"):
-    torch.ops.load_library(os.path.join(_ROOT, "_glue.so"))
+    _unavailable.install(load_error)
+    __getattr__ = _unavailable.module_getattr(load_error)
 
-from . import device as _device_mod  # noqa: E402
-
-torch._register_device_module("tpu", _device_mod)
-sys.modules["torch.tpu.amp"] = _device_mod.amp  # `from torch.tpu.amp import GradScaler`, as for torch.cuda.amp
-torch.utils.generate_methods_for_privateuse1_backend(for_tensor=True, for_module=True, for_storage=True)
-# torch.autocast("tpu") without a dtype: bfloat16, the TPU's native mixed
-# precision (PyTorch's default for a PrivateUse1 device is float16).
-if hasattr(torch, "set_autocast_dtype"):
-    torch.set_autocast_dtype("tpu", torch.bfloat16)
-
-from . import _dispatch  # noqa: E402
-
-_dispatch.install()
-
-from ._dispatch import (  # noqa: E402,F401
-    cpu_fallback_counts,
-    cpu_fallback_enabled,
-    reset_cpu_fallback_counts,
-    set_cpu_fallback,
-)
-
-
-# ---- persistent compilation cache -----------------------------------------
-
-_DEFAULT_CACHE_MB = 2048
-
-
-def default_cache_dir():
-    """TORCH_PJRT_CACHE_DIR if set ("" or "0" turn the cache off), else
-    $XDG_CACHE_HOME/torch_pjrt, else ~/.cache/torch_pjrt."""
-    env = os.environ.get("TORCH_PJRT_CACHE_DIR")
-    if env is not None:
-        return None if env.strip() in ("", "0", "off", "false") else env
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "torch_pjrt")
-
-
-def set_cache_dir(path, max_size_mb=None):
-    """Move the on-disk cache of compiled programs to `path` (None: turn it off).
-    Returns True if the cache is in use; a directory that cannot be used gives a
-    warning and no cache, never an error."""
-    if max_size_mb is None:
-        max_size_mb = int(os.environ.get("TORCH_PJRT_CACHE_SIZE_MB", _DEFAULT_CACHE_MB))
-    try:
-        _C.set_disk_cache(path, int(max_size_mb) << 20)
-    except RuntimeError as e:
-        import warnings
-
-        warnings.warn(f"torch-pjrt: compiled programs will not be cached on disk: {e}", stacklevel=2)
-        _C.set_disk_cache(None, 0)
-        return False
-    return path is not None
-
-
-set_cache_dir(default_cache_dir())
-
-
-def metrics():
-    """Counters of the runtime: programs compiled, cache hits, transfers, CPU
-    fallbacks, and torch.compile graphs lowered to one program or run eagerly
-    (op by op) because compiled mode cannot lower one of their ops."""
-    m = dict(_C.stats())
-    m.update(_compile.graph_counts())
-    m["cpu_fallbacks"] = cpu_fallback_counts()
-    err = _C.disk_cache_error()
-    if err:
-        import warnings
-
-        warnings.warn(f"torch-pjrt disk cache: {err}", stacklevel=2)
-    return m
-
-
-def metrics_report() -> str:
-    m = metrics()
-    lines = [f"{k}: {v}" for k, v in m.items() if k != "cpu_fallbacks"]
-    fb = m["cpu_fallbacks"]
-    lines.append("cpu_fallbacks: " + (", ".join(f"{k}={v}" for k, v in sorted(fb.items())) or "none"))
-    return "\n".join(lines)
-
-from . import _compile  # noqa: E402
-
-_compile.register()
-_compile._route_default_backend()
-_compile._hook_torch_compile()
-_compile._register_rng_hops()
-_compile._register_fake_kernels()
-_compile._allow_flex_attention()
-compile_counts = _compile.compile_counts
-from .bucket import bucket  # noqa: E402,F401
-from . import _multiprocessing  # noqa: E402
-
-_multiprocessing.install()
-from . import _data_parallel  # noqa: E402
-
-_data_parallel.install()
-from . import distributed as _distributed  # noqa: E402
-
-_distributed.install()

@@ -19,6 +19,12 @@ import warnings
 import sys
 
 import torch
+
+from . import load_error as _load_error
+
+if _load_error is not None:  # torch.compile(backend="tpu") found the entry point; the device did not open
+    raise RuntimeError(f'torch.compile(backend="tpu"): the tpu device is not available. {_load_error}')
+
 from torch._functorch._aot_autograd.descriptors import SavedForBackwardsAOTOutput
 from torch._prims import rng_prims as _rng_prims
 from torch.multiprocessing.reductions import StorageWeakRef
@@ -1888,8 +1894,8 @@ def _keep_cpu_steps():
 
 
 def register():
-    """Make "tpu" a torch.compile backend.  With the entry point that `make
-    setup` installs (tools/dev_install.py), Dynamo finds it by itself and
+    """Make "tpu" a torch.compile backend.  With the package's
+    `torch_dynamo_backends` entry point (pyproject.toml), Dynamo finds it by itself and
     torch._dynamo is not imported here; otherwise (or when Dynamo is already
     loaded) register it directly."""
     if "torch._dynamo" not in sys.modules and _entry_point_installed():

@@ -206,7 +206,7 @@ def set_rng_state(new_state: torch.Tensor, device="tpu") -> None:
     if new_state.dtype != torch.uint8 or new_state.numel() != 16:
         raise RuntimeError(f"RNG state of a tpu generator must be 16 bytes (torch.uint8), got {new_state.numel()} "
                            f"{new_state.dtype} values")
-    seed, offset = struct.unpack("=QQ", new_state.detach().cpu().contiguous().numpy().tobytes())
+    seed, offset = struct.unpack("=QQ", bytes(new_state.detach().cpu().contiguous().view(torch.uint8).tolist()))
     _C.set_rng_state(_index(device), seed, offset)
 
 

@@ -12,9 +12,7 @@ BUILD   := build
 PJRT_INC  = $(shell $(VPY) -c "import os, xla_plugins.xla_cpu_pjrt as m; print(os.path.join(os.path.dirname(m.__file__), 'include'))")
 
 CC      ?= gcc
-CXX     ?= g++
 CWARN   := -std=c11 -Wall -Wextra -Werror -D_GNU_SOURCE
-CFLAGS  ?= -O2 -g
 CORE_SRC := $(sort $(wildcard csrc/core/*.c))
 CORE_HDR := $(wildcard csrc/core/*.h)
 CTEST_SRC := $(sort $(wildcard tests/c/test_*.c))

@@ -39,7 +39,7 @@ def _ctypes_bootstrap():
     if torch._C._get_privateuse1_backend_name() != "tpu":
         torch.utils.rename_privateuse1_backend("tpu")
     lib = PKG / "libtpcore.so"
-    assert lib.exists(), f"{lib} is not built: run `make {lib.relative_to(ROOT)}`"
+    assert lib.exists(), f"{lib} is not built: run `make build`"
     # RTLD_GLOBAL + the same file the glue links against: one runtime state.
     core = ctypes.CDLL(str(lib), mode=ctypes.RTLD_GLOBAL)
     core.tp_runtime_init.restype = ctypes.c_void_p
@@ -75,7 +75,7 @@ def tpu():
         "aten::empty.memory_format", "PrivateUse1"
     ):
         glue = PKG / "_glue.so"
-        assert glue.exists(), f"{glue} is not built: run `make {glue.relative_to(ROOT)}`"
+        assert glue.exists(), f"{glue} is not built: run `make build`"
         torch.ops.load_library(str(glue))
     n = torch.accelerator.device_count()
     assert n >= 1, "the runtime reports no tpu devices"

@@ -22,9 +22,11 @@ import os
 import subprocess
 import sys
 import sysconfig
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 from setuptools import Extension, setup
+from setuptools.command.bdist_wheel import bdist_wheel
 from setuptools.command.build_ext import build_ext
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
@@ -78,7 +80,7 @@ class TpBuild(build_ext):
         deps = objs + ([self._core_path()] if kind != "libtpcore" else [])
         if self.force or not os.path.exists(out) or any(_newer(d, out) for d in deps):
             cc = self.compiler.compiler_cxx[0] if plan["cxx"] else self.compiler.compiler_so[0]
-            _run([cc, "-shared", "-o", out] + objs + libs)
+            _run_to(out, lambda o: [cc, "-shared", "-o", o] + objs + libs)
 
     # Flags, include dirs and link line of each object.
     def _plan_libtpcore(self):
@@ -130,23 +132,43 @@ class TpBuild(build_ext):
             if stale:
                 cxx = src.endswith(".cpp")
                 cc = self.compiler.compiler_cxx[0] if cxx else self.compiler.compiler_so[0]
-                jobs.append([cc, "-c", src, "-o", obj] + flags)
+                jobs.append((obj, lambda o, cc=cc, src=src: [cc, "-c", src, "-o", o] + flags))
         workers = int(os.environ.get("TORCH_PJRT_BUILD_JOBS", os.cpu_count() or 1))
         with ThreadPoolExecutor(max(1, workers)) as pool:
-            for f in [pool.submit(_run, j) for j in jobs]:
+            for f in [pool.submit(_run_to, *j) for j in jobs]:
                 f.result()
         return objs
+
+
+class TpWheel(bdist_wheel):
+    """bdist_wheel staging in a directory of its own: two wheel builds of
+    one tree at once (parallel test workers, two terminals) would otherwise
+    share build/bdist.<platform>/ and fail on each other's files."""
+
+    def finalize_options(self):
+        if self.bdist_dir is None:
+            # Made by the run, removed after it (bdist_wheel's own cleanup).
+            self.bdist_dir = os.path.join(ROOT, "build", f"bdist.{os.getpid()}")
+        super().finalize_options()
 
 
 def _newer(a, b):
     return os.path.getmtime(a) > os.path.getmtime(b)
 
 
-def _run(cmd):
+def _run_to(out, cmd):
+    # Writes `out` through a private name and renames it into place, so a
+    # concurrent build never sees half a file, and a process that has the old
+    # shared object loaded keeps its (unlinked) copy.
+    part = f"{out}.{os.getpid()}.{threading.get_ident()}.part"
+    cmd = cmd(part)
     print(" ".join(cmd), flush=True)
     r = subprocess.run(cmd, cwd=ROOT)
     if r.returncode:
+        if os.path.exists(part):
+            os.unlink(part)
         sys.exit(f"torch-pjrt build: command failed ({r.returncode}): {' '.join(cmd)}")
+    os.replace(part, out)
 
 
 # Built in this order: the other three link against libtpcore.
@@ -157,4 +179,4 @@ EXTENSIONS = [
     Extension("torch_pjrt._dist", ["csrc/glue/dist.cpp"]),
 ]
 
-setup(ext_modules=EXTENSIONS, cmdclass={"build_ext": TpBuild})
+setup(ext_modules=EXTENSIONS, cmdclass={"build_ext": TpBuild, "bdist_wheel": TpWheel})

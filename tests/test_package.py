@@ -7,6 +7,7 @@ import subprocess
 import sys
 import zipfile
 
+import filelock
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -32,19 +33,44 @@ def _run(cmd, **kw):
     return r
 
 
-@pytest.fixture(scope="module")
-def venv(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("pkg")
-    # The build reuses this tree's compiled objects where flags and sources
-    # are the same (setup.py): the wheel is the package `make build` made.
-    _run([sys.executable, "-m", "pip", "wheel", "-q", "--no-build-isolation", "--no-deps", "-w", str(tmp), ROOT])
-    wheels = [f for f in os.listdir(tmp) if f.endswith(".whl")]
-    assert len(wheels) == 1, wheels
-    wheel = tmp / wheels[0]
-    _run([sys.executable, "-m", "venv", str(tmp / "v")])
-    py = str(tmp / "v" / "bin" / "python")
-    _run([py, "-m", "pip", "install", "-q", "torch==2.13.0", str(wheel)])
+@pytest.fixture(scope="session")
+def venv(tmp_path_factory, worker_id):
+    # One wheel and one venv for the whole run: pytest-xdist workers share
+    # them through a directory above their own temp dirs, under a lock.
+    root = tmp_path_factory.getbasetemp()
+    if worker_id != "master":
+        root = root.parent
+    tmp = root / "pkg"
+    with filelock.FileLock(str(root / "pkg.lock")):
+        py = str(tmp / "v" / "bin" / "python")
+        if not (tmp / "ready").exists():
+            tmp.mkdir(exist_ok=True)
+            # The build reuses this tree's compiled objects where flags and
+            # sources are the same (setup.py): the wheel is the package
+            # `make build` made.
+            _run([sys.executable, "-m", "pip", "wheel", "-q", "--no-build-isolation", "--no-deps", "-w", str(tmp),
+                  ROOT])
+            _run([sys.executable, "-m", "venv", str(tmp / "v")])
+            wheels = [f for f in os.listdir(tmp) if f.endswith(".whl")]
+            assert len(wheels) == 1, wheels
+            _run([py, "-m", "pip", "install", "-q", "torch==2.13.0", str(tmp / wheels[0])])
+            (tmp / "ready").write_text(wheels[0])
+        wheel = tmp / (tmp / "ready").read_text()
     return py, wheel, tmp
+
+
+def test_concurrent_wheel_builds(tmp_path):
+    # Two builds of this tree at once (as two workers or two terminals do)
+    # each give a complete wheel: no shared staging directory between them.
+    cmd = [sys.executable, "-m", "pip", "wheel", "-q", "--no-build-isolation", "--no-deps"]
+    procs = [subprocess.Popen(cmd + ["-w", str(tmp_path / str(i)), ROOT], stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for i in range(2)]
+    for p in procs:
+        out = p.communicate(timeout=900)[0]
+        assert p.returncode == 0, out[-3000:]
+    for i in range(2):
+        (whl,) = os.listdir(tmp_path / str(i))
+        assert "torch_pjrt/_glue.so" in zipfile.ZipFile(tmp_path / str(i) / whl).namelist()
 
 
 def test_wheel_contents(venv):

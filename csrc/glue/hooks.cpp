@@ -8,6 +8,12 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/EmptyTensor.h>
+// The header names std::hardware_destructive_interference_size, which GCC
+// warns is ABI-fragile; PyTorch built with the same value.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Winterference-size"
+#include <ATen/core/CachingHostAllocator.h>
+#pragma GCC diagnostic pop
 #include <ATen/core/Generator.h>
 #include <ATen/detail/PrivateUse1HooksInterface.h>
 #include <c10/core/CPUAllocator.h>
@@ -176,7 +182,10 @@ bool in_pinned_block(const void* ptr) {
   return p < it->first + std::max<size_t>(it->second, 1);
 }
 
-struct PinnedAllocator final : c10::Allocator {
+// PyTorch's host allocator for the device too (torch.accelerator's
+// empty_host_cache() and host memory stats ask for it; without one they
+// dereference null).  Nothing is cached, so there is nothing to empty.
+struct PinnedAllocator final : at::HostAllocator {
   c10::DataPtr allocate(size_t n) override {
     void* p = c10::alloc_cpu(std::max<size_t>(n, 1));  // a block of its own even when empty
     {
@@ -189,7 +198,17 @@ struct PinnedAllocator final : c10::Allocator {
   void copy_data(void* dest, const void* src, std::size_t count) const override {
     default_copy_data(dest, src, count);
   }
+  bool record_event(void*, void*, c10::Stream) override { return true; }
+  void empty_cache() override {}
+  at::HostStats get_stats() override { return {}; }
+  void reset_accumulated_stats() override {}
+  void reset_peak_stats() override {}
 };
+
+PinnedAllocator* pinned_allocator() {
+  static PinnedAllocator pinned;  // lives forever
+  return &pinned;
+}
 
 struct TpHooks final : at::PrivateUse1HooksInterface {
   bool isBuilt() const override { return true; }
@@ -230,10 +249,7 @@ struct TpHooks final : at::PrivateUse1HooksInterface {
   }
 
   bool isPinnedPtr(const void* p) const override { return p != nullptr && in_pinned_block(p); }
-  at::Allocator* getPinnedMemoryAllocator() const override {
-    static PinnedAllocator pinned;  // lives forever
-    return &pinned;
-  }
+  at::Allocator* getPinnedMemoryAllocator() const override { return pinned_allocator(); }
 
   // UntypedStorage.resize_() on a tpu storage lands here.
   void resizePrivateUse1Bytes(const c10::Storage& storage,
@@ -244,6 +260,7 @@ struct TpHooks final : at::PrivateUse1HooksInterface {
 
 [[maybe_unused]] const bool g_hooks_registered = [] {
   at::RegisterPrivateUse1HooksInterface(new TpHooks()); // lives forever
+  at::setHostAllocator(kTpu, pinned_allocator());
   return true;
 }();
 

@@ -4,7 +4,7 @@
 PY      ?= python3
 VENV    := .venv
 VPY     := $(VENV)/bin/python
-STAMP   := $(VENV)/.installed-v3
+STAMP   := $(VENV)/.installed-v4
 PKG     := torch_pjrt
 BUILD   := build
 
@@ -25,10 +25,12 @@ setup: $(STAMP)
 # The package's own build (pyproject.toml, setup.py) as an editable install:
 # PyTorch's autoload and torch.compile's backend entry points come from it.
 # (Older checkouts made a hand-written dist-info and .pth: removed first.)
-$(STAMP): requirements.txt pyproject.toml setup.py
+# vLLM (tests/test_vllm.py) is built for no device by tools/install_vllm.sh.
+$(STAMP): requirements.txt pyproject.toml setup.py tools/install_vllm.sh
 	$(PY) -m venv $(VENV)
 	$(VPY) -m pip install -q --upgrade pip >/dev/null 2>&1 || true
 	$(VPY) -m pip install -q -r requirements.txt
+	tools/install_vllm.sh $(VPY)
 	rm -rf $(VENV)/lib/python*/site-packages/torch_pjrt-0.1.0.dist-info $(VENV)/lib/python*/site-packages/torch_pjrt_dev.pth
 	$(VPY) -m pip install -q --no-build-isolation --no-deps -e .
 	touch $@

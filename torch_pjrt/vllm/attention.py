@@ -96,6 +96,7 @@ def build_indices(query_start_loc, seq_lens, block_table, slot_mapping, num_toke
     from vLLM's per-request metadata (host arrays)."""
     qsl = np.asarray(query_start_loc, dtype=np.int64)
     seq_lens = np.asarray(seq_lens, dtype=np.int64)
+    block_table = np.asarray(block_table, dtype=np.int64)
     n = len(seq_lens)
     q_lens = qsl[1:n + 1] - qsl[:n]
     S, Q, T = bucket(n), bucket(q_lens.max(initial=1)), padded_tokens(num_tokens)
@@ -110,7 +111,7 @@ def build_indices(query_start_loc, seq_lens, block_table, slot_mapping, num_toke
         out_index[qsl[s]:qsl[s] + ql] = s * Q + np.arange(ql)
     blocks = np.zeros((S, B), np.int64)
     width = min(B, block_table.shape[1])
-    blocks[:n, :width] = np.asarray(block_table[:n, :width], dtype=np.int64)
+    blocks[:n, :width] = block_table[:n, :width]
     slots = np.zeros(T, np.int64)
     sm = np.asarray(slot_mapping[:num_tokens], dtype=np.int64)
     slots[:num_tokens] = np.where(sm < 0, 0, sm)

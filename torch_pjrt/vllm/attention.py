@@ -45,7 +45,7 @@ def bucket(n: int, minimum: int = 1) -> int:
 
 # The smallest padded token count: decode steps of up to this many sequences
 # share one shape.
-MIN_TOKENS = 8
+MIN_TOKENS = 1
 
 
 def padded_tokens(n: int) -> int:
@@ -163,9 +163,13 @@ class TpuAttentionImpl(AttentionImpl):
             return output
         m = attn_metadata
         if self.kv_sharing_target_layer_name is None:
-            flat = kv_cache.view(2, -1, self.num_kv_heads, self.head_size)
-            flat[0].index_copy_(0, m.slots, key)
-            flat[1].index_copy_(0, m.slots, value)
+            # One write into the whole cache (keys at slot s, values at
+            # slot s + the cache's slot count): the device updates a whole
+            # storage in place, while a write into a slice of it (the keys'
+            # half alone) copies the storage today.
+            flat = kv_cache.view(-1, self.num_kv_heads, self.head_size)
+            n = flat.shape[0] // 2
+            flat.index_copy_(0, torch.cat([m.slots, m.slots + n]), torch.cat([key, value]))
         out = paged_attention(query, kv_cache, m.q_index, m.q_pos, m.blocks, m.out_index, self.scale,
                               self.sliding_window, self.logits_soft_cap)
         output.copy_(out)

@@ -179,4 +179,9 @@ EXTENSIONS = [
     Extension("torch_pjrt._dist", ["csrc/glue/dist.cpp"]),
 ]
 
-setup(ext_modules=EXTENSIONS, cmdclass={"build_ext": TpBuild, "bdist_wheel": TpWheel})
+# setuptools' egg-info goes under build/, not the tree's root: there, a stale
+# copy would shadow the installed package's metadata (its entry points) for
+# any Python started in the tree.
+os.makedirs(os.path.join(ROOT, "build"), exist_ok=True)
+setup(ext_modules=EXTENSIONS, cmdclass={"build_ext": TpBuild, "bdist_wheel": TpWheel},
+      options={"egg_info": {"egg_base": "build"}})

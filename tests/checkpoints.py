@@ -13,7 +13,10 @@ CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{%
 
 
 def make_checkpoint(path, arch="llama", dtype=torch.float32, vocab=384, hidden=128, layers=2, heads=4,
-                    kv_heads=2, head_dim=32, intermediate=256, max_positions=512, seed=0):
+                    kv_heads=2, head_dim=32, intermediate=256, max_positions=512, seed=0, model_vocab=None):
+    """model_vocab: the model's vocabulary when larger than the tokenizer's
+    (a benchmark's model of a real size; its token ids past the tokenizer's
+    are generated but not detokenized)."""
     import transformers as T
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
@@ -26,7 +29,7 @@ def make_checkpoint(path, arch="llama", dtype=torch.float32, vocab=384, hidden=1
     fast = T.PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
     fast.chat_template = CHAT_TEMPLATE
     fast.save_pretrained(path)
-    common = dict(vocab_size=len(fast), hidden_size=hidden, intermediate_size=intermediate,
+    common = dict(vocab_size=max(len(fast), model_vocab or 0), hidden_size=hidden, intermediate_size=intermediate,
                   num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
                   head_dim=head_dim, max_position_embeddings=max_positions, bos_token_id=1, eos_token_id=2,
                   tie_word_embeddings=False)

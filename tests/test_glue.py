@@ -10,6 +10,8 @@ never skips them.
 import ctypes
 import os
 import pathlib
+import subprocess
+import sys
 import threading
 import types
 
@@ -127,6 +129,17 @@ def test_pinned_host_memory():
     assert all(b.is_pinned() for (b,) in loader)
     del p  # freed: ordinary memory at its address (malloc often reuses it) is not pinned
     assert not any(torch.empty(16).is_pinned() for _ in range(8))
+
+
+def test_host_allocator_registered():
+    # torch.accelerator's host-cache functions use the device's host
+    # allocator (vLLM calls empty_host_cache() at shutdown): it exists and
+    # there is nothing cached to empty.  Run in a child: a missing allocator
+    # was a segfault.
+    code = ("import torch; torch.ones(4).pin_memory(); torch.accelerator.empty_host_cache(); "
+            "torch.ones(2, device='tpu').cpu(); print('ok')")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]
 
 
 def test_views_share_storage():

@@ -66,8 +66,12 @@ def paged_attention(query, kv_cache, q_index, q_pos, blocks, out_index, scale,
     H = query.shape[1]
     G = H // kv_heads
     L = blocks.shape[1] * block_size
-    k = kv_cache[0][blocks].reshape(S, L, kv_heads, head).float()
-    v = kv_cache[1][blocks].reshape(S, L, kv_heads, head).float()
+    # One gather from the whole cache for keys and values (indexing the
+    # keys' half first would have the program copy that half).
+    n = kv_cache.shape[1]
+    kv = kv_cache.flatten(0, 1)[torch.stack([blocks, blocks + n])]
+    k = kv[0].reshape(S, L, kv_heads, head).float()
+    v = kv[1].reshape(S, L, kv_heads, head).float()
     q = query[q_index].reshape(S, Q, kv_heads, G, head).float()
     scores = torch.einsum("sqhgd,slhd->shgql", q, k) * scale
     if logits_soft_cap:

@@ -28,6 +28,7 @@ from .attention import TpuAttentionBackend, padded_tokens
 
 logger = init_logger("vllm.torch_pjrt")  # vLLM configures its own namespace only
 
+
 def _compute_slot_mapping(table, num_reqs, query_start_loc, positions):
     """BlockTable.compute_slot_mapping on host arrays: token t of request r
     at position p goes to slot block_table[r, p // block_size] * block_size +

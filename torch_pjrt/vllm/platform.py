@@ -98,8 +98,7 @@ class TpuPlatform(Platform):
         # detect the platform): vLLM's engine and workers are spawned.
         os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"
         info = torch_pjrt._C.info()
-        logger.info("torch-pjrt: vLLM runs on \"tpu\" (%s, PJRT plugin %s, platform %s)",
-                    cls.get_device_name(0), info["path"], info["platform"])
+        logger.info("torch-pjrt: vLLM runs on \"tpu\": %s, XLA %s", cls.get_device_name(0), info["xla_version"])
 
     @classmethod
     def verify_quantization(cls, quant: str) -> None:

@@ -89,6 +89,39 @@ def _ref(t):
     return ("T", ptr, CODE[t.dtype], t.shape, t.stride(), off)
 
 
+def _warn_recompile(op, arg, count, is_tensor):
+    """An eager op compiled `count` programs that differ in argument `arg`
+    of its schema only (the engine's note, csrc/core/eager.c "recompiles"):
+    name both.  Integer positions, offsets and shifts are runtime operands;
+    what is left in a program shapes its result: sizes, and integers such as
+    a pad width or a diagonal's offset."""
+    import warnings
+
+    name = f"#{arg}"
+    try:
+        ns, rest = op.split("::")
+        base, _, overload = rest.partition(".")
+        name = getattr(getattr(torch.ops, ns), base)._schemas[overload].arguments[arg].name
+    except (AttributeError, KeyError, IndexError, ValueError):
+        pass
+    if is_tensor:
+        what = "its shape, dtype or layout"
+        advice = "pad variable-length inputs to a few sizes (torch_pjrt.bucket())"
+    else:
+        what = "its value"
+        advice = "this value shapes the program, so each new one compiles another: pass fewer distinct values"
+    import sys
+
+    level, f = 1, sys._getframe(1)  # point at the user's line: the first frame outside torch and us
+    while f is not None and f.f_code.co_filename.startswith(_LIBRARY_DIRS):
+        level, f = level + 1, f.f_back
+    warnings.warn(f"torch-pjrt: {op} compiled {count} eager programs that differ only in argument "
+                  f"'{name}' ({what}); {advice}.", stacklevel=level + 1)
+
+
+_LIBRARY_DIRS = (os.path.dirname(__file__), os.path.dirname(torch.__file__))
+
+
 def _is_tpu(t):
     return isinstance(t, torch.Tensor) and t.device.type == "tpu"
 

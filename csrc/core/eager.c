@@ -74,9 +74,14 @@ static uint64_t hash_bytes(const unsigned char *p, size_t n) {
 }
 
 /* The key bytes of a non-tensor argument, shared by the program key and the
- * output-spec key: a runtime scalar by its dtype (and wrapping) only, every
- * other value in full. */
-static void key_value_arg(kbuf *k, const tp_arg *a) {
+ * output-spec key: a runtime scalar by its dtype (and wrapping) only, an
+ * integer argument the rule takes at run time (TP_RUNTIME) by its count,
+ * every other value in full. */
+static void key_value_arg(kbuf *k, const tp_arg *a, int runtime) {
+  if (runtime && (a->kind == TP_ARG_INT || a->kind == TP_ARG_INTS)) { /* TP_RUNTIME: the count only */
+    kb_i64(k, a->kind == TP_ARG_INTS ? a->n : -1);
+    return;
+  }
   switch (a->kind) {
     case TP_ARG_SCALAR: kb_i64(k, a->sdt * 2 + (a->wrapped != 0)); break;
     case TP_ARG_INT: case TP_ARG_BOOL: kb_i64(k, a->i); break;
@@ -89,11 +94,12 @@ static void key_value_arg(kbuf *k, const tp_arg *a) {
 
 /* ---- program cache ----------------------------------------------------------- */
 
-typedef enum { SRC_STORAGE, SRC_SCALAR, SRC_RNG, SRC_CHECK } src_kind;
+typedef enum { SRC_STORAGE, SRC_SCALAR, SRC_RNG, SRC_CHECK, SRC_OFFSET, SRC_INT } src_kind;
 
 typedef struct param_src {
   src_kind kind;
-  int idx;     /* storage index or argument index */
+  int idx;     /* storage index, argument index, or (OFFSET) the view's ordinal (ref_at) */
+  int sub;     /* INT: the element of argument idx */
   tp_dtype dt; /* SCALAR: dtype to upload */
   tp_val val;  /* while building: the parameter's value */
 } param_src;
@@ -226,6 +232,7 @@ static void cache_insert(entry *en) {
 }
 
 static void specs_clear_locked(void);
+static void recompiles_clear_locked(void);
 
 void tp_eager_clear_cache(void) {
   tp_storage_lock();
@@ -239,6 +246,7 @@ void tp_eager_clear_cache(void) {
   g_nbuckets = g_nentries = 0;
   g_lru_head = g_lru_tail = NULL;
   specs_clear_locked();
+  recompiles_clear_locked();
   tp_storage_unlock();
 }
 
@@ -270,6 +278,8 @@ static int g_spec_ctx = TP_F32;
 
 /* 0 if the signature cannot be a key (tensor lists). */
 static int spec_key(kbuf *k, const char *op, const tp_eager_arg *args, int nargs, int by_value) {
+  unsigned flags; /* runtime integer arguments do not shape the outputs */
+  tp_lower_find_ex(op, &flags);
   kb_put(k, op, strlen(op) + 1);
   for (int i = 0; i < nargs; i++) {
     const tp_arg *a = &args[i].a;
@@ -282,7 +292,7 @@ static int spec_key(kbuf *k, const char *op, const tp_eager_arg *args, int nargs
       kb_put(k, r->sizes, sizeof(int64_t) * (size_t)r->rank);
       kb_put(k, r->strides, sizeof(int64_t) * (size_t)r->rank);
     }
-    key_value_arg(k, a);
+    key_value_arg(k, a, i < 16 && (flags & TP_RUNTIME(i)));
     if (a->kind == TP_ARG_SCALAR && by_value) {
       kb_i64(k, a->i);
       kb_put(k, &a->f, sizeof a->f);
@@ -410,6 +420,9 @@ void tp_eager_number_int(tp_arg *a, int64_t v, int is_bool) {
 struct tp_lower_ctx {
   const tp_eager_arg *args;
   int nargs;
+  const tp_tensor_ref *outs;
+  int nouts;
+  unsigned flags; /* the rule's (lower.h) */
   int nst, capst;
   tp_storage **st;
   int *st_slot;       /* index + 1 of the storage hashed there, 0: empty; NSLOTS(c) of them */
@@ -530,6 +543,7 @@ static int push_param(tp_lower_ctx *c, src_kind k, int idx, tp_dtype dt) {
   c->params[c->nparams].kind = k;
   c->params[c->nparams].idx = idx;
   c->params[c->nparams].dt = dt;
+  c->params[c->nparams].sub = 0;
   c->params[c->nparams].val = -1;
   return c->nparams++;
 }
@@ -557,6 +571,25 @@ static tp_val cb_scalar(tp_emit *e, const tp_node *n, int i, tp_dtype dt) {
   int k = push_param(c, SRC_SCALAR, i, dt);
   if (k < 0) return em_fail(e, TP_RESOURCE_EXHAUSTED, "out of memory");
   tp_type t = tp_type_make(dt, 0, NULL);
+  return c->params[k].val = em_param(e, &t);
+}
+
+/* Integers a rule takes at run time (TP_RUNTIME): one rank-0 i64 operand per element. */
+static int is_runtime_int(const tp_lower_ctx *c, int i) {
+  return i >= 0 && i < 16 && i < c->nargs && (c->flags & TP_RUNTIME(i)) &&
+         (c->args[i].a.kind == TP_ARG_INT || c->args[i].a.kind == TP_ARG_INTS);
+}
+
+static tp_val cb_runtime_int(tp_emit *e, const tp_node *n, int i, int j) {
+  tp_lower_ctx *c = n->ctx;
+  if (!is_runtime_int(c, i) || j < 0 || j >= (c->args[i].a.kind == TP_ARG_INTS ? c->args[i].a.n : 1))
+    return em_fail(e, TP_INTERNAL, "%s: argument %d element %d is not a runtime integer", n->op, i, j);
+  for (int k = 0; k < c->nparams; k++)
+    if (c->params[k].kind == SRC_INT && c->params[k].idx == i && c->params[k].sub == j) return c->params[k].val;
+  int k = push_param(c, SRC_INT, i, TP_I64);
+  if (k < 0) return em_fail(e, TP_RESOURCE_EXHAUSTED, "out of memory");
+  c->params[k].sub = j;
+  tp_type t = tp_type_make(TP_I64, 0, NULL);
   return c->params[k].val = em_param(e, &t);
 }
 
@@ -866,10 +899,95 @@ static int64_t ref_numel(const tp_tensor_ref *r) {
   return n;
 }
 
+/* ---- a view's offset: a runtime operand ------------------------------------------
+ *
+ * A view's storage offset reaches its program as a runtime i64 operand, so
+ * x[i], x[i:i+3], x.narrow(0, i, 2), x.select(0, i) and a write into a KV
+ * cache at position t run one program for every i (a Python loop compiled
+ * one per value before).  Only a view that spans its whole storage keeps
+ * its offset (0) in the program: most tensors are such views, and their
+ * programs stay as they were.  Sizes and strides stay static: they shape
+ * the program. */
+static int dyn_offset(const tp_tensor_ref *r) {
+  size_t es = tp_dtype_size(r->dt);
+  if (!es || ref_numel(r) == 0) return 0;
+  return !(r->offset == 0 && (size_t)ref_numel(r) * es == tp_storage_nbytes(r->st));
+}
+
+/* The ordinal of a view among the op's tensors (arguments, list members,
+ * then outputs), which names it in the program's parameters; -1: none. */
+static int ref_ordinal(const tp_lower_ctx *c, const tp_tensor_ref *r) {
+  int n = 0;
+  for (int i = 0; i < c->nargs; i++) {
+    if (c->args[i].a.kind == TP_ARG_TENSOR) {
+      if (c->args[i].t == r) return n;
+      n++;
+    } else if (c->args[i].a.kind == TP_ARG_TENSORS) {
+      for (int j = 0; j < c->args[i].a.n; j++, n++)
+        if (c->args[i].ts[j] == r) return n;
+    }
+  }
+  for (int i = 0; i < c->nouts; i++, n++)
+    if (&c->outs[i] == r) return n;
+  return -1;
+}
+
+static const tp_tensor_ref *ref_at(const tp_lower_ctx *c, int ord) {
+  int n = 0;
+  for (int i = 0; i < c->nargs; i++) {
+    if (c->args[i].a.kind == TP_ARG_TENSOR) {
+      if (n++ == ord) return c->args[i].t;
+    } else if (c->args[i].a.kind == TP_ARG_TENSORS) {
+      for (int j = 0; j < c->args[i].a.n; j++)
+        if (n++ == ord) return c->args[i].ts[j];
+    }
+  }
+  return ord - n >= 0 && ord - n < c->nouts ? &c->outs[ord - n] : NULL;
+}
+
+/* The view's offset as a value: its runtime operand (one per view), or the
+ * constant where it is static. */
+static tp_val view_offset(tp_emit *e, tp_lower_ctx *c, const tp_tensor_ref *r) {
+  if (!dyn_offset(r)) return em_const_i(e, r->offset, TP_I64);
+  int ord = ref_ordinal(c, r);
+  if (ord < 0) return em_fail(e, TP_INTERNAL, "a view that is not one of the op's tensors");
+  for (int k = 0; k < c->nparams; k++)
+    if (c->params[k].kind == SRC_OFFSET && c->params[k].idx == ord) return c->params[k].val;
+  int k = push_param(c, SRC_OFFSET, ord, TP_I64);
+  if (k < 0) return em_fail(e, TP_RESOURCE_EXHAUSTED, "out of memory");
+  tp_type t = tp_type_make(TP_I64, 0, NULL);
+  return c->params[k].val = em_param(e, &t);
+}
+
+/* Elements from the view's offset to one past its last (strides >= 0). */
+static int64_t view_span(const tp_tensor_ref *r) {
+  int64_t n = 1;
+  for (int i = 0; i < r->rank; i++)
+    if (r->sizes[i] > 1 && r->strides[i] > 0) n += (r->sizes[i] - 1) * r->strides[i];
+  return n;
+}
+
+/* The run-time check PyTorch's views make when they are built: a view lies
+ * in its storage (XLA would clamp a dynamic slice that does not). */
+static tp_status *check_in_storage(const tp_tensor_ref *r) {
+  int64_t lo = r->offset, hi = r->offset, es = (int64_t)tp_dtype_size(r->dt);
+  for (int i = 0; i < r->rank; i++) {
+    if (r->sizes[i] <= 1) continue;
+    if (r->strides[i] < 0) lo += (r->sizes[i] - 1) * r->strides[i];
+    else hi += (r->sizes[i] - 1) * r->strides[i];
+  }
+  int64_t n = es ? (int64_t)tp_storage_nbytes(r->st) / es : 0;
+  if (lo < 0 || hi >= n)
+    return tp_error(TP_INVALID_ARGUMENT,
+                    "a view (storage offset %lld) reaches elements [%lld, %lld] outside its storage of %lld elements",
+                    (long long)r->offset, (long long)lo, (long long)hi, (long long)n);
+  return NULL;
+}
+
 /* Flat element indices of a view: offset + sum(iota_i * stride_i), i64. */
-static tp_val view_indices(tp_emit *e, const tp_tensor_ref *r) {
+static tp_val view_indices(tp_emit *e, tp_lower_ctx *c, const tp_tensor_ref *r) {
   tp_type it = tp_type_make(TP_I64, r->rank, r->sizes);
-  tp_val idx = em_full(e, (double)r->offset, &it);
+  tp_val idx = em_bcast_in_dim(e, view_offset(e, c, r), &it, NULL);
   for (int i = 0; i < r->rank; i++) {
     if (r->sizes[i] <= 1 || r->strides[i] == 0) continue;
     tp_val io = em_iota(e, &it, i);
@@ -879,14 +997,25 @@ static tp_val view_indices(tp_emit *e, const tp_tensor_ref *r) {
   return idx;
 }
 
-/* Segment [offset, offset + L) of a flat value, zero-padded past its end,
- * shaped as the plan's box. */
-static tp_val box_segment(tp_emit *e, tp_val flat, int64_t offset, const box_plan *p) {
+/* The `got` elements of a flat value from the view's offset (all to the
+ * end, at most the box's L, where the offset is static; the view's span
+ * where it is a runtime operand), zero-padded to L and shaped as the plan's
+ * box. */
+static tp_val box_segment(tp_emit *e, tp_lower_ctx *c, tp_val flat, const tp_tensor_ref *r, const box_plan *p,
+                          int64_t *got) {
   int64_t n = em_type(e, flat)->dims[0];
-  int64_t end = offset + p->L < n ? offset + p->L : n;
-  tp_val seg = em_slice(e, flat, &offset, &end, NULL);
-  if (end - offset < p->L) {
-    int64_t lo = 0, hi = p->L - (end - offset);
+  tp_val seg;
+  if (dyn_offset(r)) {
+    *got = view_span(r);
+    tp_val off = view_offset(e, c, r);
+    seg = em_dyn_slice(e, flat, &off, got);
+  } else {
+    int64_t end = r->offset + p->L < n ? r->offset + p->L : n;
+    *got = end - r->offset;
+    seg = em_slice(e, flat, &r->offset, &end, NULL);
+  }
+  if (*got < p->L) {
+    int64_t lo = 0, hi = p->L - *got;
     seg = em_pad(e, seg, em_const(e, 0, em_type(e, flat)->dt), &lo, &hi, NULL);
   }
   return em_reshape(e, seg, p->k + 1, p->box);
@@ -900,9 +1029,10 @@ static tp_val view_read(tp_emit *e, tp_lower_ctx *c, const tp_tensor_ref *r) {
   tp_val flat = c->st_cur[s] >= 0 ? c->st_cur[s] : storage_param(e, c, s);
   flat = em_reinterpret(e, flat, r->dt);
   box_plan p;
-  if (!plan_box(r, &p)) return em_gather_flat(e, flat, view_indices(e, r));
+  if (!plan_box(r, &p)) return em_gather_flat(e, flat, view_indices(e, c, r));
   /* Dense sub-view in stride order. */
-  tp_val box = box_segment(e, flat, r->offset, &p);
+  int64_t got;
+  tp_val box = box_segment(e, c, flat, r, &p, &got);
   int64_t lim[TP_MAX_RANK + 1], start[TP_MAX_RANK + 1] = {0}, sub[TP_MAX_RANK];
   for (int j = 0; j < p.k; j++) lim[j] = sub[j] = r->sizes[p.order[j]];
   lim[p.k] = 1;
@@ -968,7 +1098,7 @@ static void view_write(tp_emit *e, tp_lower_ctx *c, const tp_tensor_ref *r, tp_v
               "memory location. Please clone() the tensor before performing the operation.");
       return;
     }
-    flat = em_scatter_flat(e, flat, view_indices(e, r), v, NULL);
+    flat = em_scatter_flat(e, flat, view_indices(e, c, r), v, NULL);
   } else {
     /* Value into stride order, then into the box, then back into the flat value. */
     int64_t sub[TP_MAX_RANK + 1], perm[TP_MAX_RANK], zeros[TP_MAX_RANK + 1] = {0};
@@ -989,13 +1119,17 @@ static void view_write(tp_emit *e, tp_lower_ctx *c, const tp_tensor_ref *r, tp_v
     v = em_transpose(e, v, perm);
     sub[p.k] = 1;
     v = em_reshape(e, v, p.k + 1, sub);
-    tp_val box = box_segment(e, flat, r->offset, &p);
+    int64_t keep, z = 0;
+    tp_val box = box_segment(e, c, flat, r, &p, &keep);
     box = em_update_slice(e, box, v, zeros);
-    int64_t n = em_type(e, flat)->dims[0];
-    int64_t keep = r->offset + p.L < n ? p.L : n - r->offset, z = 0;
     tp_val seg = em_reshape(e, box, 1, &p.L);
-    seg = em_slice(e, seg, &z, &keep, NULL);
-    flat = em_update_slice(e, flat, seg, &r->offset);
+    if (keep < p.L) seg = em_slice(e, seg, &z, &keep, NULL);
+    if (dyn_offset(r)) {
+      tp_val off = view_offset(e, c, r);
+      flat = em_dyn_update_slice(e, flat, seg, &off);
+    } else {
+      flat = em_update_slice(e, flat, seg, &r->offset);
+    }
   }
   c->st_cur[s] = flat;
 }
@@ -1116,13 +1250,16 @@ static void key_ref(kbuf *k, tp_lower_ctx *c, const tp_tensor_ref *r) {
   kb_i64(k, r->rank);
   kb_put(k, r->sizes, sizeof(int64_t) * (size_t)r->rank);
   kb_put(k, r->strides, sizeof(int64_t) * (size_t)r->rank);
-  kb_i64(k, r->offset);
+  kb_i64(k, dyn_offset(r) ? -1 : r->offset); /* -1: a runtime operand (view_offset) */
 }
 
+/* seg[i]: where argument i's bytes start (seg[nargs]: the outputs'), for
+ * naming the argument a recompile varied (note_recompile); NULL: not needed. */
 static void build_key(kbuf *k, tp_lower_ctx *c, const char *op, const tp_eager_arg *args, int nargs,
-                      const tp_type *out_types, const tp_tensor_ref *outs, int nouts) {
+                      const tp_type *out_types, const tp_tensor_ref *outs, int nouts, size_t *seg) {
   kb_put(k, op, strlen(op) + 1);
   for (int i = 0; i < nargs; i++) {
+    if (seg) seg[i] = k->len;
     const tp_arg *a = &args[i].a;
     kb_i64(k, a->kind);
     if (a->kind == TP_ARG_TENSOR) {
@@ -1134,9 +1271,10 @@ static void build_key(kbuf *k, tp_lower_ctx *c, const char *op, const tp_eager_a
         else kb_i64(k, -1);
       }
     } else {
-      key_value_arg(k, a);
+      key_value_arg(k, a, is_runtime_int(c, i));
     }
   }
+  if (seg) seg[nargs] = k->len;
   for (int i = 0; i < nouts; i++) {
     key_ref(k, c, &outs[i]);
     if (out_types) {
@@ -1240,6 +1378,109 @@ static tp_status *compile_cached(tp_plugin *p, const char *text, tp_exec **out) 
   return NULL;
 }
 
+/* ---- recompiles ---------------------------------------------------------------------------
+ *
+ * A loop that hands an op a new value of an argument its program bakes in
+ * (a shape, or an integer that shapes the result) compiles a program per
+ * value.  Each compile counts, for each argument i, under the hash of its
+ * key without argument i (and without the outputs and storages, which
+ * follow the arguments): that count is the number of programs that differ
+ * in argument i only.  At RECOMPILE_WARN_AT the next note names the op and
+ * the argument (tp_eager_recompile_note; Python words it as a warning),
+ * once per (op, argument). */
+#define RECOMPILE_WARN_AT 8
+#define MAX_TRACKED_ARGS 32
+
+static struct {
+  uint64_t *key; /* 0: empty */
+  int *count;    /* -1: an (op, argument) already reported */
+  size_t cap, n;
+} g_vary;
+static char g_recompile_op[128];
+static int g_recompile_arg = -1, g_recompile_count, g_recompile_tensor;
+static _Atomic int g_recompile_pending;
+
+/* The count stored under h (added as 0 if new); NULL if out of memory. */
+static int *vary_slot(uint64_t h) {
+  if (!h) h = 1;
+  if (2 * (g_vary.n + 1) > g_vary.cap) {
+    size_t cap = g_vary.cap ? g_vary.cap * 2 : 1024;
+    uint64_t *k = calloc(cap, sizeof *k);
+    int *c = calloc(cap, sizeof *c);
+    if (!k || !c) {
+      free(k);
+      free(c);
+      return NULL;
+    }
+    for (size_t i = 0; i < g_vary.cap; i++)
+      if (g_vary.key[i]) {
+        size_t j = g_vary.key[i] & (cap - 1);
+        while (k[j]) j = (j + 1) & (cap - 1);
+        k[j] = g_vary.key[i];
+        c[j] = g_vary.count[i];
+      }
+    free(g_vary.key);
+    free(g_vary.count);
+    g_vary.key = k;
+    g_vary.count = c;
+    g_vary.cap = cap;
+  }
+  size_t j = h & (g_vary.cap - 1);
+  while (g_vary.key[j] && g_vary.key[j] != h) j = (j + 1) & (g_vary.cap - 1);
+  if (!g_vary.key[j]) {
+    g_vary.key[j] = h;
+    g_vary.n++;
+  }
+  return &g_vary.count[j];
+}
+
+static uint64_t mix(uint64_t h, uint64_t v) { return (h ^ v) * 0x100000001b3ull + (h >> 29); }
+
+
+static void note_recompile(const char *op, const tp_eager_arg *args, const kbuf *k, const size_t *seg, int nargs) {
+  if (g_vary.n > (1u << 18)) recompiles_clear_locked(); /* bounded: a long run starts counting anew */
+  uint64_t oph = hash_bytes((const unsigned char *)op, strlen(op));
+  for (int i = 0; i < nargs; i++) {
+    uint64_t before = hash_bytes(k->p, seg[i]), after = hash_bytes(k->p + seg[i + 1], seg[nargs] - seg[i + 1]);
+    int *done = vary_slot(mix(mix(oph, (uint64_t)i), 0x5eed)); /* this (op, argument) was reported */
+    int *n = vary_slot(mix(mix(mix(before, after), (uint64_t)i), 0xa11));
+    if (!done || !n || *done) continue;
+    if (++*n >= RECOMPILE_WARN_AT) {
+      *done = 1;
+      snprintf(g_recompile_op, sizeof g_recompile_op, "%s", op);
+      g_recompile_arg = i;
+      g_recompile_count = *n;
+      g_recompile_tensor = args[i].a.kind == TP_ARG_TENSOR || args[i].a.kind == TP_ARG_TENSORS;
+      g_recompile_pending = 1;
+    }
+  }
+}
+
+static void recompiles_clear_locked(void) {
+  free(g_vary.key);
+  free(g_vary.count);
+  memset(&g_vary, 0, sizeof g_vary);
+  g_recompile_arg = -1;
+  g_recompile_pending = 0;
+}
+
+int tp_eager_recompile_note(char *op, size_t cap, int *arg, int *count, int *is_tensor) {
+  tp_storage_lock();
+  int had = g_recompile_arg >= 0;
+  if (had) {
+    snprintf(op, cap, "%s", g_recompile_op);
+    *arg = g_recompile_arg;
+    *count = g_recompile_count;
+    *is_tensor = g_recompile_tensor;
+  }
+  g_recompile_arg = -1;
+  g_recompile_pending = 0;
+  tp_storage_unlock();
+  return had;
+}
+
+int tp_eager_recompile_pending(void) { return g_recompile_pending; }
+
 /* ---- build ----------------------------------------------------------------------------- */
 
 
@@ -1260,8 +1501,18 @@ static tp_status *build_entry(tp_plugin *p, tp_lower_ctx *c, const char *op, tp_
   }
   em_set_cpu_codegen(e, tp_plugin_is_cpu(p));
   en->check_storage = -1;
+  static const int64_t zeros[TP_MAX_RANK * 8];
   for (int i = 0; i < nargs; i++) {
     la[i] = args[i].a;
+    if (is_runtime_int(c, i)) { /* not in the key: the rule sees zeros, reads the values with lw_runtime_int */
+      la[i].i = 0;
+      if (la[i].kind == TP_ARG_INTS && la[i].n > (int)(sizeof zeros / sizeof zeros[0])) {
+        st = tp_error(TP_INVALID_ARGUMENT, "%s: argument %d has more than %d elements", op, i,
+                      (int)(sizeof zeros / sizeof zeros[0]));
+        goto done;
+      }
+      la[i].ints = zeros;
+    }
     if (la[i].kind == TP_ARG_TENSOR) la[i].v = view_read(e, c, args[i].t);
     if (la[i].kind == TP_ARG_TENSORS) {
       lists[i] = calloc((size_t)la[i].n + 1, sizeof(tp_val));
@@ -1277,7 +1528,7 @@ static tp_status *build_entry(tp_plugin *p, tp_lower_ctx *c, const char *op, tp_
     ot[i] = out_types ? out_types[i] : tp_type_make(outs[i].dt, outs[i].rank, outs[i].sizes);
     ov[i] = -1;
   }
-  tp_node n = {op, nargs, la, nouts, ot, c, cb_scalar, cb_rng_key, cb_check};
+  tp_node n = {op, nargs, la, nouts, ot, c, cb_scalar, cb_rng_key, cb_check, cb_runtime_int};
   tp_lower_run(fn, e, &n, ov);
   for (int i = 0; i < nouts && !em_failed(e); i++) {
     if (ov[i] < 0) {
@@ -1420,14 +1671,18 @@ static tp_status *check_scalar_fits(const tp_arg *a, tp_dtype dt) {
 
 static tp_status *run_locked(tp_plugin *p, tp_lower_ctx *c, const char *op, const tp_eager_arg *args, int nargs,
                              const tp_type *out_types, const tp_tensor_ref *outs, int nouts) {
-  unsigned fits;
-  tp_lower_fn fn = tp_lower_find_ex(op, &fits);
+  unsigned flags;
+  tp_lower_fn fn = tp_lower_find_ex(op, &flags);
   if (!fn) return tp_error(TP_UNIMPLEMENTED, "no lowering for %s", op);
-  for (int i = 0; fits && i < nargs && nouts > 0; i++)
-    if ((fits >> i & 1u) && args[i].a.kind == TP_ARG_SCALAR) TP_RETURN_IF_ERROR(check_scalar_fits(&args[i].a, outs[0].dt));
+  for (int i = 0; i < nargs && i < 16 && nouts > 0; i++)
+    if ((flags & TP_FITS(i)) && args[i].a.kind == TP_ARG_SCALAR)
+      TP_RETURN_IF_ERROR(check_scalar_fits(&args[i].a, outs[0].dt));
+  c->flags = flags;
   int device = -1;
   c->args = args;
   c->nargs = nargs;
+  c->outs = outs;
+  c->nouts = nouts;
   /* Index storages in a fixed order (inputs, then outputs) and note which
    * are read, and which of those have no buffer yet. */
   for (int i = 0; i < nargs; i++) {
@@ -1469,7 +1724,8 @@ static tp_status *run_locked(tp_plugin *p, tp_lower_ctx *c, const char *op, cons
 
   kbuf k;
   kb_init(&k);
-  build_key(&k, c, op, args, nargs, out_types, outs, nouts);
+  size_t segb[MAX_TRACKED_ARGS + 1], *seg = nargs <= MAX_TRACKED_ARGS ? segb : NULL;
+  build_key(&k, c, op, args, nargs, out_types, outs, nouts, seg);
   if (k.oom) {
     kb_free(&k);
     return tp_error(TP_RESOURCE_EXHAUSTED, "out of host memory");
@@ -1493,6 +1749,7 @@ static tp_status *run_locked(tp_plugin *p, tp_lower_ctx *c, const char *op, cons
   } else {
     g_stats.cache_misses++;
     st = build_entry(p, c, op, fn, args, nargs, out_types, outs, nouts, &en);
+    if (!st && seg) note_recompile(op, args, &k, seg, nargs);
     if (!st) {
       en->hash = h;
       en->keylen = k.len;
@@ -1522,9 +1779,23 @@ static tp_status *run_locked(tp_plugin *p, tp_lower_ctx *c, const char *op, cons
     const param_src *ps = &en->params[i];
     if (ps->kind == SRC_STORAGE) {
       in[i] = tp_storage_buffer(c->st[ps->idx]);
-    } else if (ps->kind == SRC_SCALAR || ps->kind == SRC_CHECK) {
-      /* a runtime scalar: an argument, or the id of the program's first check */
+    } else if (ps->kind != SRC_RNG) {
+      /* a runtime scalar: an argument, the id of the program's first check, a view's offset, or
+       * an element of an integer argument */
       tp_arg base = {.kind = TP_ARG_SCALAR, .sdt = TP_I64, .i = en->check_base};
+      if (ps->kind == SRC_OFFSET) {
+        const tp_tensor_ref *r = ref_at(c, ps->idx);
+        if (!r) {
+          st = tp_error(TP_INTERNAL, "a program's view %d is not among the op's tensors", ps->idx);
+          break;
+        }
+        if ((st = check_in_storage(r)) != NULL) break;
+        base.i = r->offset;
+      }
+      if (ps->kind == SRC_INT) {
+        const tp_arg *ia = &args[ps->idx].a;
+        base.i = ia->kind == TP_ARG_INTS ? ia->ints[ps->sub] : ia->i;
+      }
       const tp_arg *a = ps->kind == SRC_SCALAR ? &args[ps->idx].a : &base;
       int owned = 0;
       if (nbusy >= 256) { /* more scalars than we track: never reuse a slot */

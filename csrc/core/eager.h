@@ -72,6 +72,15 @@ tp_status *tp_eager_set_disk_cache(const char *dir, int64_t cap_bytes);
  * fatal), copied into buf; returns 0 if there was none since the last call. */
 int tp_eager_disk_cache_error(char *buf, size_t cap);
 
+/* The last op that compiled RECOMPILE_WARN_AT programs differing in one
+ * argument only (eager.c, "recompiles"): its name, the argument's index in
+ * the op's schema, the count, and whether the argument is a tensor (its
+ * shape varied); 0 if none since the last call.  Each (op, argument) is
+ * reported once. */
+int tp_eager_recompile_note(char *op, size_t cap, int *arg, int *count, int *is_tensor);
+/* Whether a note may be waiting (no lock: for a check after every op). */
+int tp_eager_recompile_pending(void);
+
 typedef struct tp_eager_stats {
   int64_t cache_hits, cache_misses, compiles, compile_ns, executions;
   int64_t disk_hits, disk_misses, disk_writes, disk_corrupt, load_ns;

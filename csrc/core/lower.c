@@ -15,8 +15,8 @@
 
 /* Compiled graphs run through the eager engine as one pseudo-op. */
 static const tp_lower_entry k_internal[] = {
-    {"tp::graph", tp_graph_lower},
-    {NULL, NULL},
+    {"tp::graph", tp_graph_lower, 0},
+    {NULL, NULL, 0},
 };
 
 static const tp_lower_entry *const k_fragments[] = {
@@ -27,23 +27,8 @@ static const tp_lower_entry *const k_fragments[] = {
     tp_lower_fft,
 };
 
-/* The ops whose PyTorch kernels convert scalar argument i to the output's
- * dtype with an overflow check (Scalar::to<T>, c10::checked_convert): bit i. */
-#define FITS(i) (1u << (i))
-static const struct {
-  const char *op;
-  unsigned args;
-} k_scalar_fits[] = {
-    {"aten::fill.Scalar", FITS(1)},        {"aten::fill_.Scalar", FITS(1)},
-    {"aten::full", FITS(1)},               {"aten::masked_fill.Scalar", FITS(2)},
-    {"aten::index_fill.int_Scalar", FITS(3)}, {"aten::scatter.value", FITS(3)},
-    {"aten::clamp", FITS(1) | FITS(2)},    {"aten::clamp_min", FITS(1)},
-    {"aten::clamp_max", FITS(1)},          {"aten::constant_pad_nd", FITS(2)},
-};
-
 static const tp_lower_entry **g_sorted;
 static const char **g_names;
-static unsigned *g_fits; /* k_scalar_fits per sorted entry, looked up once */
 static size_t g_count;
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 
@@ -57,27 +42,22 @@ static void build_index(void) {
     for (const tp_lower_entry *e = k_fragments[f]; e->name; e++) n++;
   g_sorted = calloc(n + 1, sizeof *g_sorted);
   g_names = calloc(n + 1, sizeof *g_names);
-  g_fits = calloc(n + 1, sizeof *g_fits);
-  if (!g_sorted || !g_names || !g_fits) return;
+  if (!g_sorted || !g_names) return;
   for (size_t f = 0; f < sizeof k_fragments / sizeof k_fragments[0]; f++)
     for (const tp_lower_entry *e = k_fragments[f]; e->name; e++) g_sorted[g_count++] = e;
   qsort(g_sorted, g_count, sizeof *g_sorted, cmp_entry);
-  for (size_t i = 0; i < g_count; i++) {
-    g_names[i] = g_sorted[i]->name;
-    for (size_t k = 0; k < sizeof k_scalar_fits / sizeof k_scalar_fits[0]; k++)
-      if (!strcmp(k_scalar_fits[k].op, g_names[i])) g_fits[i] = k_scalar_fits[k].args;
-  }
+  for (size_t i = 0; i < g_count; i++) g_names[i] = g_sorted[i]->name;
 }
 
-tp_lower_fn tp_lower_find_ex(const char *op, unsigned *scalar_fits) {
+tp_lower_fn tp_lower_find_ex(const char *op, unsigned *flags) {
   pthread_once(&g_once, build_index);
   size_t lo = 0, hi = g_count;
-  *scalar_fits = 0;
+  *flags = 0;
   while (lo < hi) {
     size_t mid = (lo + hi) / 2;
     int c = strcmp(g_sorted[mid]->name, op);
     if (c == 0) {
-      *scalar_fits = g_fits[mid];
+      *flags = g_sorted[mid]->flags;
       return g_sorted[mid]->fn;
     }
     if (c < 0) lo = mid + 1;
@@ -218,6 +198,14 @@ double lw_float(const tp_node *n, int i, double def) {
 int lw_bool(const tp_node *n, int i, int def) {
   const tp_arg *a = lw_arg(n, i);
   return (a->kind == TP_ARG_BOOL || a->kind == TP_ARG_INT) ? a->i != 0 : def;
+}
+
+tp_val lw_runtime_int(tp_emit *e, const tp_node *n, int i, int j) {
+  if (n->runtime_int) return n->runtime_int(e, n, i, j);
+  const int64_t *v;
+  int k = lw_ints(n, i, &v);
+  if (j < 0 || j >= k) return em_fail(e, TP_INTERNAL, "%s: argument %d has no element %d", n->op, i, j);
+  return em_const_i(e, v[j], TP_I64);
 }
 
 int lw_ints(const tp_node *n, int i, const int64_t **v) {

@@ -64,6 +64,10 @@ typedef struct tp_node {
    * Rules call it through lw_check_range. */
   void (*check)(tp_emit *e, const struct tp_node *n, tp_val idx, int64_t lo, int64_t hi, tp_code code,
                 const char *msg);
+  /* Element j of integer argument i (TP_RUNTIME) as a rank-0 i64 runtime
+   * operand; NULL (compiled graphs): rules use constants.  Rules call it
+   * through lw_runtime_int. */
+  tp_val (*runtime_int)(tp_emit *e, const struct tp_node *n, int i, int j);
 } tp_node;
 
 /* The error of a complex number with an imaginary part where the op wants a
@@ -79,11 +83,18 @@ tp_lower_fn tp_lower_find(const char *op);
  * PyTorch's CPU messages, the ops its CPU kernels do not take complex
  * inputs for (lower.c: k_no_complex). */
 void tp_lower_run(tp_lower_fn fn, tp_emit *e, const struct tp_node *n, tp_val *out);
-/* The same, and the op's scalar arguments that PyTorch converts to the
- * output's dtype with an overflow check (bit i: argument i), as its
- * fill_/masked_fill/clamp/... kernels do ("value cannot be converted to
- * type uint8_t without overflow"). */
-tp_lower_fn tp_lower_find_ex(const char *op, unsigned *scalar_fits);
+/* A rule's flags (its entry's third field), per argument i < 16:
+ * TP_FITS(i): PyTorch converts scalar argument i to the output's dtype with
+ *   an overflow check, as its fill_/masked_fill/clamp/... kernels do ("value
+ *   cannot be converted to type uint8_t without overflow").
+ * TP_RUNTIME(i): integer argument i (an int or an int list) reaches an eager
+ *   program as runtime operands, so a loop over its values runs one program
+ *   (roll's shifts, triu's diagonal, slice_scatter's start); the rule reads
+ *   it with lw_runtime_int.  Arguments that shape the output stay static. */
+#define TP_FITS(i) (1u << (i))
+#define TP_RUNTIME(i) (1u << (16 + (i)))
+/* The same, and the rule's flags. */
+tp_lower_fn tp_lower_find_ex(const char *op, unsigned *flags);
 /* Every op name in the table, NULL-terminated (for docs and tests). */
 const char *const *tp_lower_names(void);
 

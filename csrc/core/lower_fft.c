@@ -226,8 +226,8 @@ static void r_fft_c2r(tp_emit *e, const tp_node *n, tp_val *o) {
 }
 
 const tp_lower_entry tp_lower_fft[] = {
-    {"aten::_fft_c2c", r_fft_c2c},
-    {"aten::_fft_r2c", r_fft_r2c},
-    {"aten::_fft_c2r", r_fft_c2r},
-    {NULL, NULL},
+    {"aten::_fft_c2c", r_fft_c2c, 0},
+    {"aten::_fft_r2c", r_fft_r2c, 0},
+    {"aten::_fft_c2r", r_fft_c2r, 0},
+    {NULL, NULL, 0},
 };

@@ -405,23 +405,22 @@ static void r_flip(tp_emit *e, const tp_node *n, tp_val *o) {
   o[0] = em_op(e, "stablehlo.reverse", attrs, &x, 1, &t);
 }
 
-/* torch.roll along one dim: the last `s` elements move to the front. */
-static tp_val roll1(tp_emit *e, tp_val x, int d, int64_t shift) {
+/* torch.roll along one dim by a runtime shift (TP_RUNTIME: a loop over
+ * shifts runs one program): the last `shift mod size` elements move to the
+ * front, i.e. the result is [x, x] from size - (shift mod size) on. */
+static tp_val roll1(tp_emit *e, tp_val x, int d, tp_val shift) {
   if (em_failed(e)) return -1;
   tp_type t = *em_type(e, x);
   int64_t size = t.dims[d];
-  if (size == 0) return x;
-  int64_t s = ((shift % size) + size) % size;
-  if (s == 0) return x;
-  int64_t st[TP_MAX_RANK] = {0}, lim[TP_MAX_RANK];
-  for (int i = 0; i < t.rank; i++) lim[i] = t.dims[i];
-  st[d] = size - s;
-  tp_val a = em_slice(e, x, st, lim, NULL);
-  st[d] = 0;
-  lim[d] = size - s;
-  tp_val b = em_slice(e, x, st, lim, NULL);
-  tp_val ab[2] = {a, b};
-  return em_concat(e, ab, 2, d);
+  if (size <= 1) return x;
+  tp_val n = em_const_i(e, size, TP_I64);
+  tp_val r = em_binary(e, "stablehlo.remainder", shift, n); /* sign of the shift */
+  r = em_select(e, em_compare(e, "LT", r, em_const_i(e, 0, TP_I64)), add(e, r, n), r);
+  tp_val xx[2] = {x, x};
+  tp_val both = em_concat(e, xx, 2, d);
+  tp_val st[TP_MAX_RANK];
+  for (int i = 0; i < t.rank; i++) st[i] = i == d ? sub(e, n, r) : em_const_i(e, 0, TP_I64);
+  return em_dyn_slice(e, both, st, t.dims);
 }
 
 static void r_roll(tp_emit *e, const tp_node *n, tp_val *o) {
@@ -434,14 +433,14 @@ static void r_roll(tp_emit *e, const tp_node *n, tp_val *o) {
       o[0] = em_fail(e, TP_INVALID_ARGUMENT, "%s: shifts must have one element when dims is empty", n->op);
       return;
     }
-    o[0] = reshape_to(e, roll1(e, flatten(e, x), 0, shifts[0]), &t);
+    o[0] = reshape_to(e, roll1(e, flatten(e, x), 0, lw_runtime_int(e, n, 1, 0)), &t);
     return;
   }
   if (ns != nd) {
     o[0] = em_fail(e, TP_INVALID_ARGUMENT, "%s: shifts and dimensions must align. shifts: %d, dims:%d", n->op, ns, nd);
     return;
   }
-  for (int i = 0; i < nd; i++) x = roll1(e, x, lw_dim(dims[i], t.rank), shifts[i]);
+  for (int i = 0; i < nd; i++) x = roll1(e, x, lw_dim(dims[i], t.rank), lw_runtime_int(e, n, 1, i));
   o[0] = x;
 }
 
@@ -484,11 +483,12 @@ static void tri(tp_emit *e, const tp_node *n, tp_val *o, int lower) {
     o[0] = em_fail(e, TP_INVALID_ARGUMENT, "%s: input tensor must have at least 2 dimensions", n->op);
     return;
   }
-  int64_t diag = lw_int(n, 1, 0);
   int64_t rc[2] = {t.dims[t.rank - 2], t.dims[t.rank - 1]};
   tp_val row = iota_i64(e, 2, rc, 0), col = iota_i64(e, 2, rc, 1);
   tp_val dif = sub(e, col, row);
-  tp_val m = em_compare(e, lower ? "LE" : "GE", dif, ki_like(e, dif, diag));
+  tp_type dt = *em_type(e, dif);
+  tp_val diag = em_bcast_in_dim(e, lw_runtime_int(e, n, 1, 0), &dt, NULL); /* TP_RUNTIME */
+  tp_val m = em_compare(e, lower ? "LE" : "GE", dif, diag);
   tp_type bt = t;
   bt.dt = TP_BOOL;
   int64_t map[2] = {t.rank - 2, t.rank - 1};
@@ -2042,58 +2042,58 @@ static void r_eye_out(tp_emit *e, const tp_node *n, tp_val *o) {
 }
 
 const tp_lower_entry tp_lower_shape[] = {
-    {"aten::cat", r_cat},
-    {"aten::stack", r_stack},
-    {"aten::constant_pad_nd", r_constant_pad_nd},
-    {"aten::flip", r_flip},
-    {"aten::roll", r_roll},
-    {"aten::repeat", r_repeat},
-    {"aten::tril", r_tril},
-    {"aten::triu", r_triu},
-    {"aten::index_select", r_index_select},
-    {"aten::gather", r_gather},
-    {"aten::take", r_take},
-    {"aten::put", r_put},
-    {"aten::max_unpool2d", r_max_unpool},
-    {"aten::max_unpool3d", r_max_unpool},
-    {"aten::embedding", r_embedding},
-    {"aten::embedding_dense_backward", r_embedding_dense_backward},
-    {"aten::_embedding_bag", r_embedding_bag},
-    {"aten::_embedding_bag_forward_only", r_embedding_bag},
-    {"aten::_embedding_bag_backward", r_embedding_bag_backward},
-    {"aten::_embedding_bag_dense_backward", r_embedding_bag_dense_backward},
-    {"aten::_embedding_bag_per_sample_weights_backward", r_embedding_bag_psw_backward},
-    {"aten::scatter.src", r_scatter},
-    {"aten::scatter.value", r_scatter},
-    {"aten::scatter.reduce", r_scatter_legacy_reduce},
-    {"aten::scatter.value_reduce", r_scatter_legacy_reduce},
-    {"aten::scatter_add", r_scatter_add},
-    {"aten::scatter_reduce.two", r_scatter_reduce_two},
-    {"aten::index.Tensor", r_index},
-    {"aten::_unsafe_index.Tensor", r_index},
-    {"aten::index_put", r_index_put},
-    {"aten::_unsafe_index_put", r_index_put},
-    {"aten::_index_put_impl_", r_index_put},
-    {"aten::index_add", r_index_add},
-    {"aten::index_copy", r_index_copy},
-    {"aten::index_reduce", r_index_reduce},
-    {"aten::index_fill.int_Scalar", r_index_fill},
-    {"aten::index_fill.int_Tensor", r_index_fill},
-    {"aten::masked_scatter", r_masked_scatter},
-    {"aten::segment_reduce", r_segment_reduce},
-    {"aten::_segment_reduce_backward", r_segment_reduce_backward},
-    {"aten::diag_embed", r_diag_embed},
-    {"aten::diagonal_scatter", r_diagonal_scatter},
-    {"aten::slice_scatter", r_slice_scatter},
-    {"aten::select_scatter", r_select_scatter},
-    {"aten::as_strided_scatter", r_as_strided_scatter},
-    {"aten::arange.start_out", r_arange_out},
-    {"aten::arange.start_step", r_arange_out},
-    {"aten::arange", r_arange_end},
-    {"aten::arange.start", r_arange_start},
-    {"aten::linspace.out", r_linspace_out},
-    {"aten::logspace.out", r_logspace_out},
-    {"aten::eye.out", r_eye_out},
-    {"aten::eye.m_out", r_eye_out},
-    {NULL, NULL},
+    {"aten::cat", r_cat, 0},
+    {"aten::stack", r_stack, 0},
+    {"aten::constant_pad_nd", r_constant_pad_nd, TP_FITS(2)},
+    {"aten::flip", r_flip, 0},
+    {"aten::roll", r_roll, TP_RUNTIME(1)},
+    {"aten::repeat", r_repeat, 0},
+    {"aten::tril", r_tril, TP_RUNTIME(1)},
+    {"aten::triu", r_triu, TP_RUNTIME(1)},
+    {"aten::index_select", r_index_select, 0},
+    {"aten::gather", r_gather, 0},
+    {"aten::take", r_take, 0},
+    {"aten::put", r_put, 0},
+    {"aten::max_unpool2d", r_max_unpool, 0},
+    {"aten::max_unpool3d", r_max_unpool, 0},
+    {"aten::embedding", r_embedding, 0},
+    {"aten::embedding_dense_backward", r_embedding_dense_backward, 0},
+    {"aten::_embedding_bag", r_embedding_bag, 0},
+    {"aten::_embedding_bag_forward_only", r_embedding_bag, 0},
+    {"aten::_embedding_bag_backward", r_embedding_bag_backward, 0},
+    {"aten::_embedding_bag_dense_backward", r_embedding_bag_dense_backward, 0},
+    {"aten::_embedding_bag_per_sample_weights_backward", r_embedding_bag_psw_backward, 0},
+    {"aten::scatter.src", r_scatter, 0},
+    {"aten::scatter.value", r_scatter, TP_FITS(3)},
+    {"aten::scatter.reduce", r_scatter_legacy_reduce, 0},
+    {"aten::scatter.value_reduce", r_scatter_legacy_reduce, 0},
+    {"aten::scatter_add", r_scatter_add, 0},
+    {"aten::scatter_reduce.two", r_scatter_reduce_two, 0},
+    {"aten::index.Tensor", r_index, 0},
+    {"aten::_unsafe_index.Tensor", r_index, 0},
+    {"aten::index_put", r_index_put, 0},
+    {"aten::_unsafe_index_put", r_index_put, 0},
+    {"aten::_index_put_impl_", r_index_put, 0},
+    {"aten::index_add", r_index_add, 0},
+    {"aten::index_copy", r_index_copy, 0},
+    {"aten::index_reduce", r_index_reduce, 0},
+    {"aten::index_fill.int_Scalar", r_index_fill, TP_FITS(3)},
+    {"aten::index_fill.int_Tensor", r_index_fill, 0},
+    {"aten::masked_scatter", r_masked_scatter, 0},
+    {"aten::segment_reduce", r_segment_reduce, 0},
+    {"aten::_segment_reduce_backward", r_segment_reduce_backward, 0},
+    {"aten::diag_embed", r_diag_embed, 0},
+    {"aten::diagonal_scatter", r_diagonal_scatter, 0},
+    {"aten::slice_scatter", r_slice_scatter, 0},
+    {"aten::select_scatter", r_select_scatter, 0},
+    {"aten::as_strided_scatter", r_as_strided_scatter, 0},
+    {"aten::arange.start_out", r_arange_out, 0},
+    {"aten::arange.start_step", r_arange_out, 0},
+    {"aten::arange", r_arange_end, 0},
+    {"aten::arange.start", r_arange_start, 0},
+    {"aten::linspace.out", r_linspace_out, 0},
+    {"aten::logspace.out", r_logspace_out, 0},
+    {"aten::eye.out", r_eye_out, 0},
+    {"aten::eye.m_out", r_eye_out, 0},
+    {NULL, NULL, 0},
 };

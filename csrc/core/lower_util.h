@@ -5,9 +5,12 @@
 
 #include "lower.h"
 
+/* One rule: the op's name, its lowering, and what the engine must know
+ * about its arguments before it lowers (TP_FITS, TP_RUNTIME in lower.h). */
 typedef struct tp_lower_entry {
   const char *name;
   tp_lower_fn fn;
+  unsigned flags;
 } tp_lower_entry;
 
 /* Each rule file exports one NULL-terminated fragment of the table. */
@@ -30,6 +33,11 @@ double lw_float(const tp_node *n, int i, double def);
 int lw_bool(const tp_node *n, int i, int def);
 /* Int list argument; returns its length and points *v at it (0 if None). */
 int lw_ints(const tp_node *n, int i, const int64_t **v);
+/* Element j of integer argument i as a rank-0 i64 value: a runtime operand
+ * where the rule's entry has TP_RUNTIME(i) and the engine provides one (its
+ * static value then reads as 0), else a constant.  The count of a list
+ * argument (lw_ints) stays static. */
+tp_val lw_runtime_int(tp_emit *e, const tp_node *n, int i, int j);
 const char *lw_str(const tp_node *n, int i, const char *def);
 /* dtype of a tensor or scalar argument (TP_DTYPE_INVALID if neither). */
 tp_dtype lw_dtype(tp_emit *e, const tp_node *n, int i);

@@ -206,6 +206,21 @@ static int parse_arg(PyObject *o, tp_eager_arg *a, call_mem *m) {
 }
 
 /* run(op, args, out_types, outs) */
+/* After an op ran: the engine's note of an op recompiled for new values of
+ * one argument (eager.h), as torch_pjrt._dispatch._warn_recompile words it.
+ * -1 with an exception where the warning is an error. */
+static int warn_recompile(void) {
+  char op[128];
+  int arg, count, tensor;
+  if (!tp_eager_recompile_pending() || !tp_eager_recompile_note(op, sizeof op, &arg, &count, &tensor)) return 0;
+  PyObject *m = PyImport_ImportModule("torch_pjrt._dispatch");
+  PyObject *r = m ? PyObject_CallMethod(m, "_warn_recompile", "siii", op, arg, count, tensor) : NULL;
+  Py_XDECREF(m);
+  if (!r) return -1;
+  Py_DECREF(r);
+  return 0;
+}
+
 static PyObject *py_run(PyObject *self, PyObject *pyargs) {
   (void)self;
   const char *op;
@@ -261,6 +276,7 @@ static PyObject *py_run(PyObject *self, PyObject *pyargs) {
     raise_status(st);
     goto done;
   }
+  if (warn_recompile() < 0) goto done;
   ret = gen != Py_None ? PyLong_FromUnsignedLongLong(rng.offset) : Py_NewRef(Py_None);
 done:
   call_mem_free(&m);
@@ -912,6 +928,7 @@ static PyObject *py_fast_call(PyObject *self, PyObject *const *fa, Py_ssize_t nf
     raise_status(st);
     goto done;
   }
+  if (warn_recompile() < 0) goto done;
   tp_op_specs rec = {.n = (int)nouts};
   for (Py_ssize_t j = 0, o = 0; j < nouts; j++) {
     tp_out_spec *sp = &rec.out[j];

@@ -1385,7 +1385,8 @@ static tp_status *compile_cached(tp_plugin *p, const char *text, tp_exec **out) 
  * value.  Each compile counts, for each argument i, under the hash of its
  * key without argument i (and without the outputs and storages, which
  * follow the arguments): that count is the number of programs that differ
- * in argument i only.  At RECOMPILE_WARN_AT the next note names the op and
+ * in argument i only.  At RECOMPILE_WARN_AT (twice that for a tensor's
+ * shape: a model's layers give one op a few shapes) the next note names the op and
  * the argument (tp_eager_recompile_note; Python words it as a warning),
  * once per (op, argument). */
 #define RECOMPILE_WARN_AT 8
@@ -1436,7 +1437,6 @@ static int *vary_slot(uint64_t h) {
 
 static uint64_t mix(uint64_t h, uint64_t v) { return (h ^ v) * 0x100000001b3ull + (h >> 29); }
 
-
 static void note_recompile(const char *op, const tp_eager_arg *args, const kbuf *k, const size_t *seg, int nargs) {
   if (g_vary.n > (1u << 18)) recompiles_clear_locked(); /* bounded: a long run starts counting anew */
   uint64_t oph = hash_bytes((const unsigned char *)op, strlen(op));
@@ -1445,12 +1445,13 @@ static void note_recompile(const char *op, const tp_eager_arg *args, const kbuf 
     int *done = vary_slot(mix(mix(oph, (uint64_t)i), 0x5eed)); /* this (op, argument) was reported */
     int *n = vary_slot(mix(mix(mix(before, after), (uint64_t)i), 0xa11));
     if (!done || !n || *done) continue;
-    if (++*n >= RECOMPILE_WARN_AT) {
+    int tensor = args[i].a.kind == TP_ARG_TENSOR || args[i].a.kind == TP_ARG_TENSORS;
+    if (++*n >= RECOMPILE_WARN_AT * (tensor ? 2 : 1)) {
       *done = 1;
       snprintf(g_recompile_op, sizeof g_recompile_op, "%s", op);
       g_recompile_arg = i;
       g_recompile_count = *n;
-      g_recompile_tensor = args[i].a.kind == TP_ARG_TENSOR || args[i].a.kind == TP_ARG_TENSORS;
+      g_recompile_tensor = tensor;
       g_recompile_pending = 1;
     }
   }

@@ -1448,3 +1448,38 @@ def test_cummax_and_cummin_lowered_forward_and_backward():
         (torch.compile(f, backend="tpu")(xt) * g.to("tpu")).sum().backward()
         assert torch.equal(xt.grad.cpu(), xc.grad)
     _assert_no_split(before)
+
+
+FLOAT_SCALAR_OPS = {
+    "div": lambda t: t / 127.5,
+    "div_small": lambda t: t / 3.3,
+    "mul": lambda t: t * 0.1,
+    "rsub": lambda t: 0.3 - t,
+    "pow": lambda t: t.abs() ** 0.37,
+    "rdiv": lambda t: 7.1 / (t.abs() + 1),
+    "addcdiv": lambda t: torch.addcdiv(t, t, t.abs() + 1, value=0.7),
+    "lerp": lambda t: torch.lerp(t, t * 2, 0.3),
+    "clamp": lambda t: t.clamp(-0.77, 0.91),
+    "fmod": lambda t: torch.fmod(t, 0.3),
+    "floor_div": lambda t: t.div(3.3, rounding_mode="floor"),
+    "int8_scale": lambda t: torch.round(t / (t.abs().amax() / 127.5)).clamp(-128, 127),
+}
+
+
+@pytest.mark.parametrize("name", sorted(FLOAT_SCALAR_OPS))
+def test_float_numbers_in_graphs_compute_what_eager_computes(name):
+    """A Python float in a compiled graph is a program constant; XLA must not
+    fold it into a form PyTorch does not compute (x / 127.5 as x * (1/127.5)
+    was one ulp off in 70% of elements): compiled == eager, bitwise, and
+    == CPU where eager is exact."""
+    fn = FLOAT_SCALAR_OPS[name]
+    x = torch.randn(4096, generator=torch.Generator().manual_seed(0)) * 50
+    xt = x.to("tpu")
+    expected = fn(x)
+    compiled = torch.compile(fn, backend="tpu", fullgraph=True)(xt).cpu()
+    eager = fn(xt).cpu()
+    assert torch.equal(compiled, eager), f"compiled: {(compiled != eager).sum()} of {x.numel()} differ from eager"
+    if name in ("pow", "addcdiv"):  # XLA's pow and the order of addcdiv's products: ulps off the CPU's
+        torch.testing.assert_close(eager, expected, rtol=2e-6, atol=1e-6)
+    else:
+        assert torch.equal(eager, expected), f"eager: {(eager != expected).sum()} differ from the CPU"

@@ -197,17 +197,7 @@ static tp_val const_scalar(tp_emit *e, const tp_node *n, int i, tp_dtype dt) {
   const tp_arg *a = &n->args[i];
   if (a->fi != 0) return tp_dtype_is_complex(dt) ? em_const_c(e, a->f, a->fi, dt) : tp_scalar_to_real(e, dt);
   int isf = tp_dtype_is_float(a->sdt) || tp_dtype_is_complex(a->sdt);
-  if (!isf) return em_const_i(e, a->i, dt);
-  tp_val c = em_const(e, a->f, dt);
-  if (!tp_dtype_is_float(dt)) return c;
-  /* A float number of a graph is a constant of its program, and XLA folds
-   * constants into inexact forms PyTorch never computes: x / 127.5 becomes
-   * x * (1 / 127.5), one ulp off in most elements (issue 40), which flips
-   * torchao's int8 rounding.  Behind an optimization barrier the value is
-   * opaque, as a runtime number is in eager mode, and every op computes
-   * what its eager program (and the CPU) computes. */
-  tp_type t = *em_type(e, c);
-  return em_op(e, "stablehlo.optimization_barrier", NULL, &c, 1, &t);
+  return isf ? em_const(e, a->f, dt) : em_const_i(e, a->i, dt);
 }
 
 void tp_graph_lower(tp_emit *e, const tp_node *n, tp_val *outs) {

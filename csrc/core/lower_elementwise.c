@@ -263,17 +263,31 @@ static tp_val floor_div(tp_emit *e, tp_val a, tp_val b, tp_dtype lowp) {
   return em_select(e, em_compare(e, "EQ", b, zero), q, res);
 }
 
+/* A number divisor: in a compiled graph a constant of the program, which
+ * XLA folds into a multiplication by its reciprocal, one ulp off a true
+ * division in most elements (x / 127.5: 70% of them, flipping torchao's
+ * int8 rounding; issue 40).  Behind an optimization barrier its value is
+ * opaque, as a runtime number is in eager mode.  A barrier anywhere else
+ * costs a compiled step time, so only divisors get one. */
+static tp_val divisor(tp_emit *e, const tp_node *n, int i, const tp_type *t) {
+  if (lw_arg(n, i)->kind != TP_ARG_SCALAR || !isf(t->dt)) return opnd(e, n, i, t);
+  tp_val b = lw_tensor(e, n, i, t->dt); /* rank 0: the barrier before the broadcast */
+  tp_type bt = *em_type(e, b);
+  b = em_op(e, "stablehlo.optimization_barrier", NULL, &b, 1, &bt);
+  return em_bcast_to(e, b, t->rank, t->dims);
+}
+
 static void r_div(tp_emit *e, const tp_node *n, tp_val *o) {
   const char *mode = lw_str(n, 2, NULL);
   if (!mode) {
     tp_type ct = common_type(e, n, 2, 1);
-    o[0] = finish(e, n, dv(e, opnd(e, n, 0, &ct), opnd(e, n, 1, &ct)));
+    o[0] = finish(e, n, dv(e, opnd(e, n, 0, &ct), divisor(e, n, 1, &ct)));
     return;
   }
   /* rounding modes compute in the promoted input type (= output type). */
   tp_type ct = common_type(e, n, 2, 0);
   tp_dtype lowp = lw_result_type(e, n, (const int[]){0, 1}, 2);
-  tp_val a = opnd(e, n, 0, &ct), b = opnd(e, n, 1, &ct);
+  tp_val a = opnd(e, n, 0, &ct), b = divisor(e, n, 1, &ct);
   check_divisor(e, n, b);
   if (!strcmp(mode, "trunc")) {
     tp_val q = rnd(e, dv(e, a, b), lowp);
@@ -293,7 +307,7 @@ static void r_div(tp_emit *e, const tp_node *n, tp_val *o) {
 static void r_floor_divide(tp_emit *e, const tp_node *n, tp_val *o) {
   tp_type ct = common_type(e, n, 2, 0);
   tp_dtype lowp = lw_result_type(e, n, (const int[]){0, 1}, 2);
-  tp_val b = opnd(e, n, 1, &ct);
+  tp_val b = divisor(e, n, 1, &ct);
   check_divisor(e, n, b);
   o[0] = finish(e, n, floor_div(e, opnd(e, n, 0, &ct), b, lowp));
 }

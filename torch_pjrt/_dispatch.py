@@ -95,8 +95,6 @@ def _warn_recompile(op, arg, count, is_tensor):
     name both.  Integer positions, offsets and shifts are runtime operands;
     what is left in a program shapes its result: sizes, and integers such as
     a pad width or a diagonal's offset."""
-    import warnings
-
     name = f"#{arg}"
     try:
         ns, rest = op.split("::")
@@ -110,13 +108,20 @@ def _warn_recompile(op, arg, count, is_tensor):
     else:
         what = "its value"
         advice = "this value shapes the program, so each new one compiles another: pass fewer distinct values"
-    import sys
+    _warn_at_user_line(f"torch-pjrt: {op} compiled {count} eager programs that differ only in argument "
+                       f"'{name}' ({what}); {advice}.")
 
-    level, f = 1, sys._getframe(1)  # point at the user's line: the first frame outside torch and us
+
+def _warn_at_user_line(msg):
+    """warnings.warn pointed at the first frame outside torch and torch-pjrt
+    (where TORCH_WARN's would point for a CPU op)."""
+    import sys
+    import warnings
+
+    level, f = 1, sys._getframe(1)
     while f is not None and f.f_code.co_filename.startswith(_LIBRARY_DIRS):
         level, f = level + 1, f.f_back
-    warnings.warn(f"torch-pjrt: {op} compiled {count} eager programs that differ only in argument "
-                  f"'{name}' ({what}); {advice}.", stacklevel=level + 1)
+    warnings.warn(msg, UserWarning, stacklevel=level + 1)
 
 
 _LIBRARY_DIRS = (os.path.dirname(__file__), os.path.dirname(torch.__file__))
@@ -519,6 +524,39 @@ _CHECK_ERRORS = {
     "aten::linalg_lu_factor_ex": "torch.linalg.lu_factor_ex",
 }
 
+
+def _warn_uint8_index():
+    """The CPU's deprecation warning for a uint8 mask (IndexingUtils.cpp,
+    once per indexing op)."""
+    _warn_at_user_line("indexing with dtype torch.uint8 is now deprecated, please use a dtype torch.bool instead.")
+
+
+
+def _check_mask_put(args, kwargs):
+    """x[mask] = v: the CPU checks v against the indexing result, whose
+    extent at the mask is the mask's count, before it compares dtypes.  Where
+    v could only fit one count, that count is read (one sync) and the CPU's
+    error raised here instead of at the next synchronisation."""
+    x = args[0] if args else kwargs.get("self")
+    lst = args[1] if len(args) > 1 else kwargs.get("indices")
+    v = args[2] if len(args) > 2 else kwargs.get("values")
+    if not isinstance(x, torch.Tensor) or not isinstance(v, torch.Tensor) or not lst:
+        return
+    ts = [(p, t) for p, t in enumerate(lst) if t is not None]
+    if len(ts) != 1 or ts[0][1].dtype not in (torch.bool, torch.uint8) or ts[0][1].dim() == 0:
+        return
+    pos, m = ts[0]
+    tail = list(x.shape[pos + m.dim():])
+    k = v.dim() - len(tail) - 1  # v's dim that meets the count
+    if k < 0 or v.shape[k] == 1 or any(p is not None for p in lst[:pos]):
+        return
+    res = list(x.shape[:pos]) + [int(m.count_nonzero())] + tail
+    vs = list(v.shape)
+    if len(vs) > len(res) or any(a not in (1, b) for a, b in zip(vs[::-1], res[::-1])):
+        raise RuntimeError(f"shape mismatch: value tensor of shape {_sizes(v)} cannot be broadcast to indexing "
+                           f"result of shape [{', '.join(map(str, res))}]")
+
+
 # Ops whose source must have self's dtype (argument name, the CPU's message),
 # functional, in-place and out= forms alike.
 _SAME_DTYPE = {
@@ -639,6 +677,26 @@ def _check_conv(v):
                                "actual input size")
 
 
+_INDEX_DTYPES = (torch.int64, torch.int32, torch.uint8, torch.bool)
+
+
+def _check_index(v):
+    """aten::index / index_put: the CPU's IndexErrors (checkIndexTensorTypes
+    and make_info's expand_outplace) where the meta functions raise a
+    RuntimeError of their own wording.  Masks are long indices by now
+    (_fix_indices) except in index_put, whose rule takes one mask itself."""
+    idx = [t for t in (v.get("indices") or ()) if t is not None]
+    if any(t.dtype not in _INDEX_DTYPES for t in idx):
+        raise IndexError("tensors used as indices must be long, int, byte or bool tensors")
+    if any(t.dtype in (torch.bool, torch.uint8) for t in idx):
+        return  # a mask's extent is its count: data-dependent (the lowering checks)
+    try:
+        torch.broadcast_shapes(*(t.shape for t in idx))
+    except RuntimeError:
+        raise IndexError("shape mismatch: indexing tensors could not be broadcast together with shapes "
+                         + ", ".join(_sizes(t) for t in idx)) from None
+
+
 def _check_index_select(v):
     i = v.get("index")
     if isinstance(i, torch.Tensor) and i.dim() > 1:
@@ -665,6 +723,7 @@ _CPU_CHECKS = {
     "mm": _check_mm, "addmm": _check_mm, "_addmm_activation": _check_mm,
     "convolution": _check_conv, "_convolution": _check_conv, "convolution_overrideable": _check_conv,
     "index_select": _check_index_select,
+    "index": _check_index, "index_put": _check_index, "_index_put_impl": _check_index,
     "nll_loss_forward": _check_nll, "nll_loss2d_forward": _check_nll,
     "native_layer_norm": _check_layer_norm,
 }
@@ -995,6 +1054,8 @@ class _Handler:
             new, pos = [], 0  # pos: the dim of self the entry indexes
             for t in lst:
                 if isinstance(t, torch.Tensor):
+                    if t.dtype == torch.uint8:
+                        _warn_uint8_index()
                     if t.device.type != "tpu" and dev is not None:
                         t = t.to(dev)
                     if masks_to_indices and t.dtype in (torch.bool, torch.uint8):
@@ -1091,6 +1152,8 @@ class _Handler:
         if self.index_lists:
             # index_put rules handle a bool mask themselves (static shapes).
             args, kwargs = self._fix_indices(args, kwargs, "index_put" not in self.name)
+            if "index_put" in self.name:
+                _check_mask_put(args, kwargs)
         vals = self._values(args, kwargs, self.all_args)
         gen = self._generator(vals)
         device, enc_all, key = self._encode_and_key(vals)

@@ -126,10 +126,15 @@ typedef struct entry {
 static entry **g_buckets;
 static size_t g_nbuckets, g_nentries;
 /* Least-recently-used order, and the cap on cached programs: each loaded
- * XLA:CPU executable holds ~4.5 memory mappings, and a process that keeps
- * ~14,000 of them reaches Linux's vm.max_map_count (65530), after which the
- * plugin crashes.  TORCH_PJRT_PROGRAM_CACHE_SIZE sets the cap (default
- * 4096); an evicted program comes back from the disk cache when needed. */
+ * XLA:CPU executable holds memory mappings (~4.5 for a small one, ~20 for
+ * an index_put with its checks), and a process that reaches Linux's
+ * vm.max_map_count (65530) fails its next compile ("LLVM compilation error:
+ * Cannot allocate memory") and then crashes in the plugin.  So the cap
+ * (TORCH_PJRT_PROGRAM_CACHE_SIZE, default 4096) also shrinks to what the
+ * mappings allow: every MAPS_CHECK_EVERY inserts the engine counts the
+ * process's mappings, and past 60% of the limit it evicts a quarter of the
+ * programs and keeps the cap there (maps_guard).  An evicted program comes
+ * back from the disk cache when needed. */
 static entry *g_lru_head, *g_lru_tail;
 static size_t g_cap;
 static tp_eager_stats g_stats;
@@ -176,6 +181,46 @@ static size_t cache_cap(void) {
     g_cap = n > 0 ? (size_t)n : 4096;
   }
   return g_cap;
+}
+
+#define MAPS_CHECK_EVERY 64
+
+/* Lines of /proc/self/maps; -1 where there is none (not Linux). */
+static long count_maps(void) {
+  FILE *f = fopen("/proc/self/maps", "r");
+  if (!f) return -1;
+  long n = 0;
+  char buf[65536];
+  size_t got;
+  while ((got = fread(buf, 1, sizeof buf, f)) > 0)
+    for (size_t i = 0; i < got; i++) n += buf[i] == '\n';
+  fclose(f);
+  return n;
+}
+
+static long max_maps(void) {
+  static long limit;
+  if (!limit) {
+    limit = 65530; /* Linux's default */
+    FILE *f = fopen("/proc/sys/vm/max_map_count", "r");
+    if (f) {
+      if (fscanf(f, "%ld", &limit) != 1 || limit <= 0) limit = 65530;
+      fclose(f);
+    }
+  }
+  return limit;
+}
+
+static void cache_evict_lru(void);
+
+static void maps_guard(void) {
+  static unsigned inserts;
+  if (++inserts % MAPS_CHECK_EVERY) return;
+  long n = count_maps();
+  if (n < 0 || n < max_maps() / 10 * 6 || g_nentries < 16) return;
+  size_t keep = g_nentries / 4 * 3;
+  while (g_nentries > keep && g_lru_tail != g_lru_head) cache_evict_lru();
+  g_cap = keep; /* and no more from now on */
 }
 
 /* Drop the least recently used program (it is not the one being run: that
@@ -229,6 +274,7 @@ static void cache_insert(entry *en) {
   g_nentries++;
   lru_push_front(en);
   while (g_nentries > cache_cap() && g_lru_tail != en) cache_evict_lru();
+  maps_guard();
 }
 
 static void specs_clear_locked(void);

@@ -140,7 +140,7 @@ static tp_val gather_nd(tp_emit *e, const tp_node *n, tp_val x, tp_val idx, cons
   for (int j = 0; j < m; j++) {
     isidx[dims[j]] = 1;
     if (xt.dims[dims[j]] == 0 && bnumel > 0)
-      return em_fail(e, TP_OUT_OF_RANGE, "%s: index is out of bounds for dimension %d with size 0", n->op, dims[j]);
+      return em_fail(e, TP_OUT_OF_RANGE, "%s: index is out of bounds for dimension with size 0", n->op);
   }
   tp_type ot = tp_type_make(xt.dt, 0, NULL);
   int64_t offset_dims[TP_MAX_RANK], collapsed[TP_MAX_RANK], smap[TP_MAX_RANK], sizes[TP_MAX_RANK];

@@ -525,6 +525,30 @@ _CHECK_ERRORS = {
 }
 
 
+def _check_host_index(x, t, pos, ordinal):
+    """An index tensor whose values the host has (a CPU tensor, or a tpu one
+    just uploaded as a whole: a Python list) is bounds-checked here, before
+    launch, with the CPU kernel's IndexError; indices computed on the device
+    keep the program's deferred check (docs/architecture.md, "Index checks")."""
+    if t.dtype not in (torch.int64, torch.int32) or t.numel() == 0 or pos >= x.dim():
+        return
+    if t.device.type == "cpu":
+        h = t
+    else:
+        b = _C.host_values(_ref(t))
+        if b is None:
+            return
+        h = torch.frombuffer(bytearray(b), dtype=t.dtype).view(t.shape)
+    size = x.shape[pos]
+    if size == 0:
+        raise IndexError("index is out of bounds for dimension with size 0")
+    bad = ((h >= size) | (h < -size)).flatten()
+    if bad.any():
+        v = h.flatten()[bad.nonzero()[0, 0]].item()  # the first, in the order the CPU kernel meets them
+        # the CPU names the index tensor's place among the indices, not self's dim
+        raise IndexError(f"index {v} is out of bounds for dimension {ordinal} with size {size}")
+
+
 def _warn_uint8_index():
     """The CPU's deprecation warning for a uint8 mask (IndexingUtils.cpp,
     once per indexing op)."""
@@ -685,6 +709,8 @@ def _check_index(v):
     and make_info's expand_outplace) where the meta functions raise a
     RuntimeError of their own wording.  Masks are long indices by now
     (_fix_indices) except in index_put, whose rule takes one mask itself."""
+    if "indices" in v and not v["indices"] and "values" not in v:  # index_put takes none: all of self
+        raise IndexError("at least one index must be provided")
     idx = [t for t in (v.get("indices") or ()) if t is not None]
     if any(t.dtype not in _INDEX_DTYPES for t in idx):
         raise IndexError("tensors used as indices must be long, int, byte or bool tensors")
@@ -698,9 +724,64 @@ def _check_index(v):
 
 
 def _check_index_select(v):
-    i = v.get("index")
+    i, x, dim = v.get("index"), v.get("self"), v.get("dim")
     if isinstance(i, torch.Tensor) and i.dim() > 1:
         raise IndexError("index_select(): Index is supposed to be a vector")
+    if (isinstance(x, torch.Tensor) and isinstance(i, torch.Tensor) and isinstance(dim, int) and x.dim()
+            and -x.dim() <= dim < x.dim() and x.shape[dim] == 0 and i.numel()):
+        raise RuntimeError("index_select(): self indexing axis dim should be positive")
+
+
+def _check_index_copy(v):
+    """index_copy's CPU checks, in the CPU's order and words (its meta
+    function words them otherwise, and refuses a 0-dim index or source that
+    the CPU takes)."""
+    x, dim, index, src = v.get("self"), v.get("dim"), v.get("index"), v.get("source")
+    if not all(isinstance(t, torch.Tensor) for t in (x, index, src)) or not isinstance(dim, int):
+        return
+    if not -max(x.dim(), 1) <= dim < max(x.dim(), 1):
+        return  # the dim check's own IndexError follows
+    dim %= max(x.dim(), 1)
+    if index.dim() >= 2:
+        raise IndexError(f"index_copy_(): Index should have dimension 1 or 0 (got {index.dim()})")
+    n = index.numel()
+    if src.dim() == 0 and n != 1:
+        raise IndexError(f"index_copy_(): When source is scalar, index should have one element (got {n})")
+    if src.dim() != x.dim() and src.dim() != 0 and x.dim() != 0:
+        raise IndexError("index_copy_(): When source and destination are not scalars, their dimensionality must "
+                         f"match. Source dimensionality ({src.dim()}), destination dimensionality ({x.dim()})")
+    if index.dtype != torch.int64:
+        raise RuntimeError(f"index_copy_(): Expected a long tensor for index, but got {_LEGACY_TYPE.get(index.dtype)}")
+    if x.dtype != src.dtype:
+        raise RuntimeError(f"index_copy_(): self and source expected to have the same dtype, but got (self) "
+                           f"{_LEGACY_TYPE.get(x.dtype)} and (source) {_LEGACY_TYPE.get(src.dtype)}")
+    xs = [d for i, d in enumerate(x.shape) if i != dim]
+    ss = [d for i, d in enumerate(src.shape) if i != dim]
+    if xs != ss:
+        raise RuntimeError("index_copy_(): Source/destination tensor must have same slice shapes. Destination slice "
+                           f"shape: {' '.join(map(str, xs))} at dimension {dim} and source slice shape: "
+                           f"{' '.join(map(str, ss))} at dimension 0.")
+    if src.dim() and n != src.shape[dim]:
+        raise IndexError(f"index_copy_(): Number of indices ({n}) should be equal to source.size(dim) "
+                         f"({src.shape[dim]})")
+
+
+def _check_index_fill(v):
+    x, value = v.get("self"), v.get("value")
+    if isinstance(x, torch.Tensor) and isinstance(value, complex) and not x.is_complex():
+        raise RuntimeError("index_fill_(): Converting complex Scalar to non-complex type is not supported")
+
+
+_CPP_TYPE = {torch.uint8: "unsigned char", torch.int8: "signed char", torch.int16: "short int", torch.int32: "int",
+             torch.int64: "long int", torch.float32: "float", torch.float64: "double", torch.float16: "c10::Half",
+             torch.bfloat16: "c10::BFloat16"}
+
+
+def _check_masked_fill(v):
+    m = v.get("mask")
+    if isinstance(m, torch.Tensor) and m.dtype != torch.bool:
+        raise RuntimeError("masked_fill_ only supports boolean masks, but got mask with dtype "
+                           f"{_CPP_TYPE.get(m.dtype, m.dtype)}")
 
 
 def _check_nll(v):
@@ -722,7 +803,8 @@ def _check_layer_norm(v):
 _CPU_CHECKS = {
     "mm": _check_mm, "addmm": _check_mm, "_addmm_activation": _check_mm,
     "convolution": _check_conv, "_convolution": _check_conv, "convolution_overrideable": _check_conv,
-    "index_select": _check_index_select,
+    "index_select": _check_index_select, "index_copy": _check_index_copy, "index_fill": _check_index_fill,
+    "masked_fill": _check_masked_fill,
     "index": _check_index, "index_put": _check_index, "_index_put_impl": _check_index,
     "nll_loss_forward": _check_nll, "nll_loss2d_forward": _check_nll,
     "native_layer_norm": _check_layer_norm,
@@ -1056,6 +1138,8 @@ class _Handler:
                 if isinstance(t, torch.Tensor):
                     if t.dtype == torch.uint8:
                         _warn_uint8_index()
+                    if args and isinstance(args[0], torch.Tensor):
+                        _check_host_index(args[0], t, pos, sum(isinstance(u, torch.Tensor) for u in new))
                     if t.device.type != "tpu" and dev is not None:
                         t = t.to(dev)
                     if masks_to_indices and t.dtype in (torch.bool, torch.uint8):

@@ -1953,6 +1953,19 @@ static tp_status *copy_view(const tp_tensor_ref *src, const tp_tensor_ref *dst) 
   return tp_eager_run("tp::copy", &a, 1, NULL, dst, 1);
 }
 
+#define HOST_COPY_MAX 32768
+
+int tp_eager_host_values(const tp_tensor_ref *r, void *out, size_t cap) {
+  tp_storage_lock();
+  tp_dtype dt;
+  const void *h = tp_storage_host_copy(r->st, &dt);
+  size_t nb = (size_t)ref_numel(r) * tp_dtype_size(r->dt);
+  int ok = h && dt == r->dt && full_cover(r) && nb <= cap;
+  if (ok) memcpy(out, h, nb);
+  tp_storage_unlock();
+  return ok;
+}
+
 tp_status *tp_eager_write_host(const tp_tensor_ref *dst, const void *host) {
   tp_plugin *p = tp_runtime_plugin();
   if (!p) return tp_error(TP_FAILED_PRECONDITION, "the tpu runtime is not initialised");
@@ -1966,6 +1979,10 @@ tp_status *tp_eager_write_host(const tp_tensor_ref *dst, const void *host) {
     st = tp_buffer_from_host(p, dev, dst->dt, &n, 1, host, &b);
     if (!st) {
       tp_storage_set_buffer(dst->st, b);
+      /* small integer uploads (indices from Python lists and CPU tensors)
+       * keep their values on the host too: tp_eager_host_values */
+      if (tp_dtype_is_int(dst->dt) && n * (int64_t)tp_dtype_size(dst->dt) <= HOST_COPY_MAX)
+        tp_storage_set_host_copy(dst->st, dst->dt, host);
       g_stats.h2d_transfers++;
       g_stats.h2d_bytes += n * (int64_t)tp_dtype_size(dst->dt);
     }

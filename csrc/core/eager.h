@@ -81,6 +81,12 @@ int tp_eager_recompile_note(char *op, size_t cap, int *arg, int *count, int *is_
 /* Whether a note may be waiting (no lock: for a check after every op). */
 int tp_eager_recompile_pending(void);
 
+/* The values of a tensor whose storage was last written from the host by
+ * tp_eager_write_host, as a whole, with integers of at most 32 KiB (a Python
+ * list or a CPU tensor used as indices): copied into out; 0 if not known
+ * there (any device write since drops them).  For index checks before launch. */
+int tp_eager_host_values(const tp_tensor_ref *r, void *out, size_t cap);
+
 typedef struct tp_eager_stats {
   int64_t cache_hits, cache_misses, compiles, compile_ns, executions;
   int64_t disk_hits, disk_misses, disk_writes, disk_corrupt, load_ns;

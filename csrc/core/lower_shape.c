@@ -235,13 +235,17 @@ static red_kind parse_reduce(const char *s) {
  * include_self=0 first resets every targeted element to the reduction's
  * identity; MEAN divides by the number of contributions (floor division for
  * integers).  Arithmetic runs in opmath (bool in i32). */
-static tp_val scatter_core(tp_emit *e, tp_val x, tp_val lin, tp_val upd, red_kind red, int include_self) {
+/* native: combine in x's own dtype, rounding after each element as the
+ * CPU's index_reduce does for float16/bfloat16 (scatter_reduce and
+ * index_add accumulate in float32 there, as here otherwise). */
+static tp_val scatter_core_in(tp_emit *e, tp_val x, tp_val lin, tp_val upd, red_kind red, int include_self,
+                              int native) {
   if (em_failed(e)) return -1;
   tp_type xt = *em_type(e, x);
   int64_t nel = tp_type_numel(&xt), kk = tp_type_numel(em_type(e, lin));
   if (kk == 0) return x;
   tp_dtype dt = xt.dt;
-  tp_dtype cdt = red == RED_REPLACE ? dt : dt == TP_BOOL ? TP_I32 : lw_opmath(dt);
+  tp_dtype cdt = red == RED_REPLACE || (native && tp_dtype_is_float(dt)) ? dt : dt == TP_BOOL ? TP_I32 : lw_opmath(dt);
   tp_val xf = em_reshape(e, em_convert(e, x, cdt), 1, &nel);
   tp_val lf = em_reshape(e, lin, 1, &kk);
   tp_val uf = em_reshape(e, em_convert(e, upd, cdt), 1, &kk);
@@ -284,6 +288,10 @@ static tp_val scatter_core(tp_emit *e, tp_val x, tp_val lin, tp_val upd, red_kin
     }
   }
   return em_convert(e, reshape_to(e, res, &xt), dt);
+}
+
+static tp_val scatter_core(tp_emit *e, tp_val x, tp_val lin, tp_val upd, red_kind red, int include_self) {
+  return scatter_core_in(e, x, lin, upd, red, include_self, 0);
 }
 
 /* ---- cat / stack --------------------------------------------------------------------------- */
@@ -693,7 +701,7 @@ static void r_scatter_legacy_reduce(tp_emit *e, const tp_node *n, tp_val *o) {
 
 /* self.index_*(dim, index, source): source's dim `dim` is scattered to
  * self's rows index[i]. */
-static void index_dim(tp_emit *e, const tp_node *n, tp_val *o, red_kind red, int include_self, int alpha_i) {
+static void index_dim(tp_emit *e, const tp_node *n, tp_val *o, red_kind red, int include_self, int alpha_i, int native) {
   tp_val x = lw_value(e, n, 0);
   tp_type t = *em_type(e, x);
   int dim = lw_dim(lw_int(n, 1, 0), t.rank);
@@ -711,6 +719,7 @@ static void index_dim(tp_emit *e, const tp_node *n, tp_val *o, red_kind red, int
     src = flatten(e, src);
     dim = 0;
   }
+  if (em_type(e, src)->rank == 0 && kk == 1 && x1.rank == 1) src = flatten(e, src); /* a scalar source, as the CPU takes */
   tp_type st = *em_type(e, src);
   if (st.rank != x1.rank || st.dims[dim] != kk) {
     o[0] = em_fail(e, TP_INVALID_ARGUMENT, "%s: source has the wrong shape for index of %" PRId64 " elements", n->op, kk);
@@ -743,11 +752,11 @@ static void index_dim(tp_emit *e, const tp_node *n, tp_val *o, red_kind red, int
     check[d] = d == dim;
   }
   tp_val lin = linearize(e, coord, check, x1.rank, x1.dims);
-  o[0] = reshape_to(e, scatter_core(e, reshape_to(e, x, &x1), lin, upd, red, include_self), &t);
+  o[0] = reshape_to(e, scatter_core_in(e, reshape_to(e, x, &x1), lin, upd, red, include_self, native), &t);
 }
 
-static void r_index_add(tp_emit *e, const tp_node *n, tp_val *o) { index_dim(e, n, o, RED_SUM, 1, 4); }
-static void r_index_copy(tp_emit *e, const tp_node *n, tp_val *o) { index_dim(e, n, o, RED_REPLACE, 1, -1); }
+static void r_index_add(tp_emit *e, const tp_node *n, tp_val *o) { index_dim(e, n, o, RED_SUM, 1, 4, 0); }
+static void r_index_copy(tp_emit *e, const tp_node *n, tp_val *o) { index_dim(e, n, o, RED_REPLACE, 1, -1, 0); }
 static void r_index_reduce(tp_emit *e, const tp_node *n, tp_val *o) {
   const char *s = lw_str(n, 4, NULL);
   red_kind r = parse_reduce(s);
@@ -756,7 +765,7 @@ static void r_index_reduce(tp_emit *e, const tp_node *n, tp_val *o) {
                    s ? s : "None");
     return;
   }
-  index_dim(e, n, o, r, lw_bool(n, 5, 1), -1);
+  index_dim(e, n, o, r, lw_bool(n, 5, 1), -1, 1);
 }
 
 static void r_index_fill(tp_emit *e, const tp_node *n, tp_val *o) {

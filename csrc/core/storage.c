@@ -12,6 +12,8 @@ struct tp_storage {
   int device;
   size_t nbytes;
   tp_buffer *buf; /* flat rank-1 buffer covering nbytes, or NULL (zeros) */
+  void *host;     /* tp_storage_set_host_copy's bytes of buf, or NULL */
+  tp_dtype host_dt;
 };
 
 /* Recursive: the engine holds it across a whole op, during which a storage
@@ -53,6 +55,7 @@ void tp_storage_free(tp_storage *s) {
   tp_storage_lock();
   tp_buffer_free(s->buf);
   s->buf = NULL;
+  free(s->host);
   if (s->prev) s->prev->next = s->next;
   else g_live = s->next;
   if (s->next) s->next->prev = s->prev;
@@ -68,7 +71,23 @@ void tp_storage_set_buffer(tp_storage *s, tp_buffer *b) {
   tp_storage_lock();
   if (s->buf != b) tp_buffer_free(s->buf);
   s->buf = b;
+  free(s->host); /* whatever wrote b, the host's copy is not b's */
+  s->host = NULL;
   tp_storage_unlock();
+}
+
+void tp_storage_set_host_copy(tp_storage *s, tp_dtype dt, const void *host) {
+  tp_storage_lock();
+  free(s->host);
+  s->host = s->buf ? malloc(s->nbytes ? s->nbytes : 1) : NULL;
+  if (s->host) memcpy(s->host, host, s->nbytes);
+  s->host_dt = dt;
+  tp_storage_unlock();
+}
+
+const void *tp_storage_host_copy(const tp_storage *s, tp_dtype *dt) {
+  *dt = s->host_dt;
+  return s->host;
 }
 
 /* Resizing is rare (out= arguments of the wrong size, resize_), so it goes
@@ -102,6 +121,8 @@ tp_status *tp_storage_resize(tp_storage *s, size_t nbytes) {
       tp_buffer_free(s->buf);
       s->buf = nb;
       s->nbytes = nbytes;
+      free(s->host);
+      s->host = NULL;
     }
   }
   free(host);

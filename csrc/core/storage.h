@@ -38,6 +38,14 @@ tp_buffer *tp_storage_buffer(const tp_storage *s);
  * `b` must be rank-1 and hold exactly nbytes. */
 void tp_storage_set_buffer(tp_storage *s, tp_buffer *b);
 
+/* A host copy of the storage's current buffer (all nbytes), kept for index
+ * checks before launch: a small integer tensor uploaded from the host (a
+ * Python list used as indices) has its values there.  Replacing the buffer
+ * drops the copy.  The getter returns NULL where there is none; call both
+ * under tp_storage_lock(). */
+void tp_storage_set_host_copy(tp_storage *s, tp_dtype dt, const void *host);
+const void *tp_storage_host_copy(const tp_storage *s, tp_dtype *dt);
+
 /* Wait until every live storage's buffer on `device` (-1: all) is computed.
  * Returns the first execution error found. */
 tp_status *tp_storage_await_all(int device);

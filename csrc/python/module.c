@@ -486,6 +486,20 @@ static PyObject *py_transfer(PyObject *pyargs, int to_device) {
   Py_END_ALLOW_THREADS if (st) return raise_status(st);
   Py_RETURN_NONE;
 }
+/* host_values(ref) -> bytes of the view's values where the host has them
+ * (tp_eager_host_values), else None */
+static PyObject *py_host_values(PyObject *self, PyObject *ro) {
+  (void)self;
+  tp_tensor_ref r;
+  if (parse_ref(ro, &r) < 0) return NULL;
+  unsigned char buf[32768];
+  int64_t n = 1;
+  for (int i = 0; i < r.rank; i++) n *= r.sizes[i];
+  size_t nb = (size_t)n * tp_dtype_size(r.dt);
+  if (nb > sizeof buf || !tp_eager_host_values(&r, buf, sizeof buf)) Py_RETURN_NONE;
+  return PyBytes_FromStringAndSize((const char *)buf, (Py_ssize_t)nb);
+}
+
 static PyObject *py_write_host(PyObject *self, PyObject *a) {
   (void)self;
   return py_transfer(a, 1);
@@ -974,6 +988,7 @@ static PyMethodDef methods[] = {
     {"lowering_names", py_lowering_names, METH_NOARGS, "all op names with a lowering rule"},
     {"write_host", py_write_host, METH_VARARGS, "write_host(ref, ptr): copy dense host data into a view"},
     {"read_host", py_read_host, METH_VARARGS, "read_host(ref, ptr): copy a view into dense host memory"},
+    {"host_values", py_host_values, METH_O, "host_values(ref): bytes of an uploaded integer tensor, or None"},
     {"synchronize", py_synchronize, METH_VARARGS, "synchronize(device): wait for pending work (-1: all)"},
     {"release_host_memory", py_release_host_memory, METH_NOARGS,
      "release_host_memory(): return freed host memory kept for reuse to the system"},

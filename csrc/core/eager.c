@@ -983,9 +983,9 @@ static const tp_tensor_ref *ref_at(const tp_lower_ctx *c, int ord) {
   for (int i = 0; i < c->nargs; i++) {
     if (c->args[i].a.kind == TP_ARG_TENSOR) {
       if (n++ == ord) return c->args[i].t;
-    } else if (c->args[i].a.kind == TP_ARG_TENSORS) {
-      for (int j = 0; j < c->args[i].a.n; j++)
-        if (n++ == ord) return c->args[i].ts[j];
+    } else if (c->args[i].a.kind == TP_ARG_TENSORS) { /* a graph's inputs: thousands, so no scan */
+      if (ord - n < c->args[i].a.n) return c->args[i].ts[ord - n];
+      n += c->args[i].a.n;
     }
   }
   return ord - n >= 0 && ord - n < c->nouts ? &c->outs[ord - n] : NULL;

@@ -555,7 +555,6 @@ def _warn_uint8_index():
     _warn_at_user_line("indexing with dtype torch.uint8 is now deprecated, please use a dtype torch.bool instead.")
 
 
-
 def _check_mask_put(args, kwargs):
     """x[mask] = v: the CPU checks v against the indexing result, whose
     extent at the mask is the mask's count, before it compares dtypes.  Where

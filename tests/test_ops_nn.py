@@ -482,6 +482,13 @@ CONV_CASES = [
     ((2, 4, 9), (4, 2, 3), dict(padding=2, dilation=2, groups=2)),
     ((1, 2, 5, 5, 5), (3, 2, 3, 3, 3), dict(padding=1)),
     ((1, 2, 6, 5, 7), (4, 1, 2, 3, 2), dict(stride=(2, 1, 3), groups=2)),
+    # depthwise (conv_depthwise: a sum over the kernel's taps): strided, dilated, 7x7, 1-d and 3-d
+    ((2, 6, 12, 11), (6, 1, 3, 3), dict(stride=2, padding=1, groups=6)),
+    ((2, 5, 13, 13), (5, 1, 7, 7), dict(padding=3, groups=5)),
+    ((2, 4, 10, 9), (4, 1, 3, 2), dict(stride=(1, 2), padding=(2, 0), dilation=(2, 1), groups=4)),
+    ((2, 3, 21), (3, 1, 5), dict(stride=3, padding=2, dilation=2, groups=3)),
+    ((1, 3, 5, 6, 7), (3, 1, 3, 3, 3), dict(padding=1, groups=3)),
+    ((2, 4, 7, 7), (8, 1, 3, 3), dict(padding=1, groups=4)),  # a channel multiplier of 2: grouped
 ]
 
 
@@ -508,6 +515,8 @@ CONVT_CASES = [
     ((2, 2, 4, 4), (2, 2, 4, 5), dict(stride=(3, 2), padding=(1, 2), output_padding=(2, 3), groups=2, dilation=4)),
     ((2, 2, 4, 4, 4), (2, 2, 4, 5, 6), dict(stride=(3, 2, 1), padding=(1, 2, 3), output_padding=(2, 3, 1), groups=2,
                                             dilation=4)),
+    ((2, 6, 5, 4), (6, 1, 3, 3), dict(stride=2, padding=1, groups=6, output_padding=1)),  # depthwise
+    ((2, 4, 9), (4, 1, 4), dict(stride=3, padding=2, dilation=2, groups=4)),
 ]
 
 

@@ -65,8 +65,10 @@ def main():
     ap.add_argument("--rounds", type=int, default=5)
     a = ap.parse_args()
     out = {"date": datetime.date.today().isoformat(), "rounds": a.rounds, "unit": "ms", "convs": {}}
+    torch._dynamo.config.cache_size_limit = 64  # one function, compiled per case and mode
     for name, (xs, ws, kw) in CONVS.items():
         for backward in (False, True):
+            torch._dynamo.reset()
             runs = {m: make(xs, ws, kw, d, c, backward) for m, (d, c) in MODES.items()}
             for r in runs.values():
                 r()  # compiles

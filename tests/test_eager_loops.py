@@ -149,10 +149,10 @@ def test_static_argument_loop_warns_naming_op_and_argument():
 
 
 def test_static_shape_loop_warns_with_bucket_advice():
-    x = torch.randn(40, 3, device="tpu")
+    x = torch.randn(80, 3, device="tpu")
     with warnings.catch_warnings(record=True) as w:
         warnings.simplefilter("always")
-        for i in range(1, 20):
+        for i in range(1, 70):
             x[:i].sum()
     msgs = [str(m.message) for m in w if "eager programs" in str(m.message)]
     assert len(msgs) == 1 and "aten::sum" in msgs[0] and "'self'" in msgs[0] and "bucket" in msgs[0], msgs

@@ -1431,11 +1431,11 @@ static tp_status *compile_cached(tp_plugin *p, const char *text, tp_exec **out) 
  * value.  Each compile counts, for each argument i, under the hash of its
  * key without argument i (and without the outputs and storages, which
  * follow the arguments): that count is the number of programs that differ
- * in argument i only.  At RECOMPILE_WARN_AT (twice that for a tensor's
- * shape: a model's layers give one op a few shapes) the next note names the op and
- * the argument (tp_eager_recompile_note; Python words it as a warning),
+ * in argument i only.  At RECOMPILE_WARN_AT (RECOMPILE_WARN_AT_SHAPES for
+ * a tensor's shape) the next note names the op and the argument (tp_eager_recompile_note; Python words it as a warning),
  * once per (op, argument). */
 #define RECOMPILE_WARN_AT 8
+#define RECOMPILE_WARN_AT_SHAPES 64 /* a model's parameters give full_like or an optimizer's ops dozens of shapes */
 #define MAX_TRACKED_ARGS 32
 
 static struct {
@@ -1492,7 +1492,7 @@ static void note_recompile(const char *op, const tp_eager_arg *args, const kbuf 
     int *n = vary_slot(mix(mix(mix(before, after), (uint64_t)i), 0xa11));
     if (!done || !n || *done) continue;
     int tensor = args[i].a.kind == TP_ARG_TENSOR || args[i].a.kind == TP_ARG_TENSORS;
-    if (++*n >= RECOMPILE_WARN_AT * (tensor ? 2 : 1)) {
+    if (++*n >= (tensor ? RECOMPILE_WARN_AT_SHAPES : RECOMPILE_WARN_AT)) {
       *done = 1;
       snprintf(g_recompile_op, sizeof g_recompile_op, "%s", op);
       g_recompile_arg = i;

@@ -324,8 +324,13 @@ static int g_spec_ctx = TP_F32;
 
 /* 0 if the signature cannot be a key (tensor lists). */
 static int spec_key(kbuf *k, const char *op, const tp_eager_arg *args, int nargs, int by_value) {
-  unsigned flags; /* runtime integer arguments do not shape the outputs */
-  tp_lower_find_ex(op, &flags);
+  unsigned flags = 0; /* runtime integer arguments do not shape the outputs; looked up only where there are
+                       * integers (the hot path's elementwise ops have none) */
+  for (int i = 0; i < nargs && i < 16; i++)
+    if (args[i].a.kind == TP_ARG_INT || args[i].a.kind == TP_ARG_INTS) {
+      tp_lower_find_ex(op, &flags);
+      break;
+    }
   kb_put(k, op, strlen(op) + 1);
   for (int i = 0; i < nargs; i++) {
     const tp_arg *a = &args[i].a;

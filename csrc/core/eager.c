@@ -1958,8 +1958,6 @@ static tp_status *copy_view(const tp_tensor_ref *src, const tp_tensor_ref *dst) 
   return tp_eager_run("tp::copy", &a, 1, NULL, dst, 1);
 }
 
-#define HOST_COPY_MAX 32768
-
 int tp_eager_host_values(const tp_tensor_ref *r, void *out, size_t cap) {
   tp_storage_lock();
   tp_dtype dt;
@@ -1986,7 +1984,7 @@ tp_status *tp_eager_write_host(const tp_tensor_ref *dst, const void *host) {
       tp_storage_set_buffer(dst->st, b);
       /* small integer uploads (indices from Python lists and CPU tensors)
        * keep their values on the host too: tp_eager_host_values */
-      if (tp_dtype_is_int(dst->dt) && n * (int64_t)tp_dtype_size(dst->dt) <= HOST_COPY_MAX)
+      if (tp_dtype_is_int(dst->dt) && n * (int64_t)tp_dtype_size(dst->dt) <= TP_EAGER_HOST_COPY_MAX)
         tp_storage_set_host_copy(dst->st, dst->dt, host);
       g_stats.h2d_transfers++;
       g_stats.h2d_bytes += n * (int64_t)tp_dtype_size(dst->dt);

@@ -86,6 +86,7 @@ int tp_eager_recompile_pending(void);
  * list or a CPU tensor used as indices): copied into out; 0 if not known
  * there (any device write since drops them).  For index checks before launch. */
 int tp_eager_host_values(const tp_tensor_ref *r, void *out, size_t cap);
+#define TP_EAGER_HOST_COPY_MAX 32768 /* bytes of an upload whose values the host keeps */
 
 typedef struct tp_eager_stats {
   int64_t cache_hits, cache_misses, compiles, compile_ns, executions;

@@ -89,7 +89,7 @@ void tp_lower_run(tp_lower_fn fn, tp_emit *e, const struct tp_node *n, tp_val *o
  *   cannot be converted to type uint8_t without overflow").
  * TP_RUNTIME(i): integer argument i (an int or an int list) reaches an eager
  *   program as runtime operands, so a loop over its values runs one program
- *   (roll's shifts, triu's diagonal, slice_scatter's start); the rule reads
+ *   (roll's shifts, triu's diagonal); the rule reads
  *   it with lw_runtime_int.  Arguments that shape the output stay static. */
 #define TP_FITS(i) (1u << (i))
 #define TP_RUNTIME(i) (1u << (16 + (i)))

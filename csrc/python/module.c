@@ -492,7 +492,7 @@ static PyObject *py_host_values(PyObject *self, PyObject *ro) {
   (void)self;
   tp_tensor_ref r;
   if (parse_ref(ro, &r) < 0) return NULL;
-  unsigned char buf[32768];
+  unsigned char buf[TP_EAGER_HOST_COPY_MAX];
   int64_t n = 1;
   for (int i = 0; i < r.rank; i++) n *= r.sizes[i];
   size_t nb = (size_t)n * tp_dtype_size(r.dt);

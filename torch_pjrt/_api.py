@@ -109,3 +109,6 @@ _data_parallel.install()
 from . import distributed as _distributed
 
 _distributed.install()
+from . import _safetensors
+
+_safetensors.install()

@@ -1185,11 +1185,12 @@ def _run_with_rng_state(state, op, *args, **kwargs):
 
 
 def _register_rng_hops():
-    """The tpu kernels of the ops activation checkpointing wraps random ops
-    in (PyTorch has them for CPU, CUDA, HPU and XPU only), for graphs that
-    run op by op: the recomputation in the backward restores the forward's
-    state, so it draws the same numbers.  Their BackendSelect kernel picks
-    the device's kernel from a fixed table, which lacks tpu."""
+    """The tpu kernels of higher-order ops.  Those activation checkpointing
+    wraps random ops in (PyTorch has them for CPU, CUDA, HPU and XPU only),
+    for graphs that run op by op: the recomputation in the backward restores
+    the forward's state, so it draws the same numbers.  Their BackendSelect
+    kernel picks the device's kernel from a fixed table, which lacks tpu.
+    And out_dtype's (_out_dtype)."""
     from torch._C import DispatchKey
 
     for hop, impl, first in ((_rng_prims.run_and_save_rng_state, _run_and_save_rng_state, 1),
@@ -1206,6 +1207,11 @@ def _register_rng_hops():
 
         hop.py_impl(DispatchKey.BackendSelect)(backend_select)
         hop._dispatch_cache.clear()
+    from torch._higher_order_ops.out_dtype import out_dtype
+
+    if DispatchKey.PrivateUse1 not in out_dtype.py_kernels:
+        out_dtype.py_impl(DispatchKey.PrivateUse1)(_out_dtype)
+        out_dtype._dispatch_cache.clear()
 
 
 _warned = set()
@@ -1244,14 +1250,30 @@ def _allow_flex_attention():
 
 def _dense_hops():
     """Higher-order ops that graphs lower through the dense implementation
-    PyTorch runs for them in eager mode on any device (its
-    CompositeExplicitAutograd kernel): FlexAttention's forward and backward,
-    whose fused kernels are Inductor templates for CUDA and CPU only."""
+    they run in eager mode: FlexAttention's forward and backward (PyTorch's
+    CompositeExplicitAutograd kernel, any device; its fused kernels are
+    Inductor templates for CUDA and CPU only), and out_dtype (ours, below)."""
     import importlib
 
     fa = importlib.import_module("torch._higher_order_ops.flex_attention")  # the package's name is the op
     return {torch.ops.higher_order.flex_attention: fa.sdpa_dense,
-            torch.ops.higher_order.flex_attention_backward: fa.sdpa_dense_backward}
+            torch.ops.higher_order.flex_attention_backward: fa.sdpa_dense_backward,
+            torch.ops.higher_order.out_dtype: _out_dtype}
+
+
+def _out_dtype(op, output_dtype, *args):
+    """The out_dtype higher-order op on tpu (torchao's int8 x int8 matmuls:
+    out_dtype(aten.mm, torch.int32, a, b)).  PyTorch's kernel runs an int8 mm
+    as torch._int_mm on CUDA and XPU only, and elsewhere as an int32 mm of
+    the widened operands; on tpu _int_mm is an integer dot with int32
+    accumulation (lower_reduce.c), exact as both.  Any other op: PyTorch's
+    fallback (widen to the promoted dtype, run, cast)."""
+    from torch._higher_order_ops import out_dtype as od
+
+    if (op is torch.ops.aten.mm.default and output_dtype == torch.int32 and len(args) == 2
+            and all(isinstance(a, torch.Tensor) and a.dtype == torch.int8 for a in args)):
+        return torch._int_mm(*args)
+    return od.out_dtype_fallback(op, output_dtype, *args)
 
 
 def _inline_dense_hops(gm):
@@ -1271,7 +1293,8 @@ def _inline_dense_hops(gm):
         hops = hops or _dense_hops()
         if n.target not in hops:
             continue
-        if any(u.target is not operator.getitem for u in n.users):
+        single = isinstance(n.meta.get("val"), torch.Tensor)  # one result, else a tuple its getitems take apart
+        if not single and any(u.target is not operator.getitem for u in n.users):
             continue
         flat, spec = pytree.tree_flatten((n.args, n.kwargs))
         tensor_at = [i for i, a in enumerate(flat) if isinstance(a, torch.fx.Node) and a.op != "get_attr"
@@ -1321,7 +1344,10 @@ def _inline_dense_hops(gm):
                     replace(u, part)
                 gm.graph.erase_node(u)
 
-        replace(n, result)
+        if single:
+            n.replace_all_uses_with(result)
+        else:
+            replace(n, result)
         gm.graph.erase_node(n)
         for m in reversed(added):  # the parts of the implementation nothing reads
             if not m.users and not m.is_impure():

@@ -995,6 +995,30 @@ static void r_scaled_mm(tp_emit *e, const tp_node *n, tp_val *o) {
   o[0] = to_out(e, n, 0, r);
 }
 
+/* _int_mm(self, mat2): int8 [M, K] @ int8 [K, N] -> int32, exact (torchao's
+ * int8 dynamic-activation matmul, through out_dtype). */
+static void r_int_mm(tp_emit *e, const tp_node *n, tp_val *o) {
+  tp_val a = lw_value(e, n, 0), b = lw_value(e, n, 1);
+  if (em_failed(e)) return;
+  const tp_type at = *em_type(e, a), bt = *em_type(e, b);
+  if (at.dt != TP_I8 || bt.dt != TP_I8) {
+    o[0] = em_fail(e, TP_INVALID_ARGUMENT, "_int_mm: expected self and mat2 to be int8");
+    return;
+  }
+  if (at.rank != 2 || bt.rank != 2 || at.dims[1] != bt.dims[0]) {
+    o[0] = em_fail(e, TP_INVALID_ARGUMENT, "_int_mm: expected 2-d matrices that can be multiplied");
+    return;
+  }
+  /* An integer dot_general: XLA:CPU multiplies int8 in int32 as fast as
+   * float32 from 2 rows on; one row takes its 5x slower matrix-vector
+   * loop, so a single row is multiplied as two (the second zeros). */
+  int64_t lc = 1, rc = 0, m = at.dims[0];
+  if (m == 1) a = em_pad(e, a, em_const_i(e, 0, TP_I8), (int64_t[]){0, 0}, (int64_t[]){1, 0}, NULL);
+  tp_val r = em_dot(e, a, b, NULL, NULL, 0, &lc, &rc, 1, TP_I32);
+  if (m == 1) r = em_slice(e, r, (int64_t[]){0, 0}, (int64_t[]){1, bt.dims[1]}, NULL);
+  o[0] = r;
+}
+
 static void r_addbmm(tp_emit *e, const tp_node *n, tp_val *o) { addprod(e, n, o, 1, 0); }
 static void r_addmm_act(tp_emit *e, const tp_node *n, tp_val *o) { addprod(e, n, o, 0, lw_bool(n, 5, 0) ? 2 : 1); }
 
@@ -1413,6 +1437,7 @@ const tp_lower_entry tp_lower_reduce[] = {
     {"aten::vdot", r_vdot, 0},
     {"aten::addmm", r_addmm, 0},
     {"aten::_scaled_mm", r_scaled_mm, 0},
+    {"aten::_int_mm", r_int_mm, 0},
     {"aten::baddbmm", r_addmm, 0},
     {"aten::addmv", r_addmm, 0},
     {"aten::addbmm", r_addbmm, 0},

@@ -1453,6 +1453,9 @@ def test_cummax_and_cummin_lowered_forward_and_backward():
 FLOAT_SCALAR_OPS = {
     "div": lambda t: t / 127.5,
     "div_small": lambda t: t / 3.3,
+    "div_3": lambda t: t / 3.0,
+    "div_7": lambda t: t / 7.0,
+    "div_tenth": lambda t: t / 0.1,
     "mul": lambda t: t * 0.1,
     "rsub": lambda t: 0.3 - t,
     "pow": lambda t: t.abs() ** 0.37,

@@ -1801,7 +1801,9 @@ static tp_status *run_locked(tp_plugin *p, tp_lower_ctx *c, const char *op, cons
   } else {
     g_stats.cache_misses++;
     st = build_entry(p, c, op, fn, args, nargs, out_types, outs, nouts, &en);
-    if (!st && seg && strcmp(op, "tp::graph")) note_recompile(op, args, &k, seg, nargs); /* a graph's id varies */
+    /* The engine's own programs are not tracked: a graph's id varies, and
+     * copies (tp::copy, every .to("tpu") of a new shape) follow the data. */
+    if (!st && seg && strncmp(op, "tp::", 4)) note_recompile(op, args, &k, seg, nargs);
     if (!st) {
       en->hash = h;
       en->keylen = k.len;

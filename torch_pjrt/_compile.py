@@ -30,6 +30,7 @@ from torch._prims import rng_prims as _rng_prims
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from . import _C, _attention, _composite
+from . import library as _library
 from ._dispatch import _LU_OF_TRANSPOSE, _NUMBER_TYPES, _factors_transpose, _is_view, _qualname
 from ._dtypes import CODE
 
@@ -180,6 +181,8 @@ def _lowerable(n, moved):
         return n.args[0] in moved
     if not isinstance(n.target, torch._ops.OpOverload):
         return False
+    if n.target in _library._ops:  # a user's op with a device body
+        return True
     name = _qualname(n.target)
     if name.startswith("aten::_foreach_"):
         base = n.target._schema.name.split("::")[1][len("_foreach_"):]
@@ -643,7 +646,28 @@ class GraphProgram:
             first = _C.graph_add(self.gid, helper, vals, [_type(o) for o in n.meta["val"]])
             values[n] = tuple(first + k for k in range(len(n.meta["val"])))
             return
+        if n.target in _library._ops:
+            values[n] = self._add_custom(n, values)
+            return
         values[n] = self._add_op(n.target, n.args, n.kwargs, n.meta.get("val"), values)
+
+    def _add_custom(self, n, values):
+        """A user's op with a device body (torch_pjrt.library): a call of
+        its function, which joins the graph's program."""
+        from torch.utils import _pytree as pytree
+
+        leaves = pytree.tree_leaves((n.args, n.kwargs))
+        nodes = [a for a in leaves if isinstance(a, torch.fx.Node)]
+        if not all(isinstance(a.meta.get("val"), torch.Tensor) for a in nodes):
+            raise Unsupported(f"{n.target}: a non-tensor argument computed in the graph")
+        args, kwargs = pytree.tree_map_only(torch.fx.Node, lambda a: a.meta["val"], (n.args, n.kwargs))
+        val = n.meta.get("val")
+        multi = isinstance(val, (tuple, list))
+        outs = list(val) if multi else [val]
+        text, entry, _ = _library.body_for(n.target, args, kwargs, outs)
+        vals = (text, entry, *[self._arg(a, values, False) for a in nodes])
+        first = _C.graph_add(self.gid, "tp::custom", vals, [_type(o) for o in outs])
+        return tuple(first + k for k in range(len(outs))) if multi else first
 
     def _window(self, n):
         """as_strided reads its input's storage, not its elements in order

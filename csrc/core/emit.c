@@ -60,6 +60,7 @@ struct tp_emit {
   int nparams, capparams;
   sbuf body;
   sbuf module;
+  sbuf funcs; /* functions besides main (em_add_function), in the module after it */
   tp_status *err;
   const char *op; /* the op being lowered (em_set_op), for messages */
   int cpu_codegen; /* em_set_cpu_codegen */
@@ -99,6 +100,7 @@ void em_free(tp_emit *e) {
   free(e->param_alias);
   free(e->body.p);
   free(e->module.p);
+  free(e->funcs.p);
   tp_status_free(e->err);
   free(e);
 }
@@ -224,8 +226,8 @@ const char *em_finish(tp_emit *e, const tp_val *results, int n) {
   for (int i = 0; i < n; i++) sb_printf(m, "%s%%v%d", i ? ", " : "", results[i]);
   sb_printf(m, ") : (");
   put_types(m, e, results, n);
-  sb_printf(m, ") -> ()\n  }\n}\n");
-  if (m->oom) {
+  sb_printf(m, ") -> ()\n  }\n%s}\n", e->funcs.p ? e->funcs.p : "");
+  if (m->oom || e->funcs.oom) {
     em_fail(e, TP_RESOURCE_EXHAUSTED, "out of memory building a program");
     return NULL;
   }
@@ -352,6 +354,42 @@ static tp_val emit_line(tp_emit *e, const char *name, const char *attrs, const t
 
 tp_val em_op(tp_emit *e, const char *name, const char *attrs, const tp_val *in, int nin, const tp_type *out) {
   return emit_line(e, name, attrs, in, nin, out);
+}
+
+int em_add_function(tp_emit *e, const char *text) {
+  if (em_failed(e)) return -1;
+  if (e->funcs.p && strstr(e->funcs.p, text)) return 0; /* the same function, already there */
+  sb_printf(&e->funcs, "%s\n", text);
+  return e->funcs.oom ? -1 : 0;
+}
+
+int em_call(tp_emit *e, const char *callee, const tp_val *in, int nin, const tp_type *outs, int nout, tp_val *res) {
+  for (int i = 0; i < nin; i++)
+    if (bad(e, in[i])) return -1;
+  if (nout < 1) {
+    em_fail(e, TP_INVALID_ARGUMENT, "%s: a called function must return at least one value", e->op ? e->op : "call");
+    return -1;
+  }
+  tp_val r = new_val(e, &outs[0]); /* reserves the id of the call's results: %rN */
+  if (r < 0) return -1;
+  char tb[256];
+  sbuf *b = &e->body;
+  sb_printf(b, "    %%r%d:%d = \"func.call\"(", r, nout);
+  for (int i = 0; i < nin; i++) sb_printf(b, "%s%%v%d", i ? ", " : "", in[i]);
+  sb_printf(b, ") {callee = @%s} : (", callee);
+  put_types(b, e, in, nin);
+  sb_printf(b, ") -> (");
+  for (int i = 0; i < nout; i++) sb_printf(b, "%s%s", i ? ", " : "", tp_type_str(&outs[i], tb, sizeof tb));
+  sb_printf(b, ")\n");
+  for (int i = 0; i < nout; i++) { /* each result as an ordinary value */
+    tp_type t = outs[i];
+    tp_val v = new_val(e, &t);
+    if (v < 0) return -1;
+    tp_type_str(&t, tb, sizeof tb);
+    sb_printf(b, "    %%v%d = \"stablehlo.reshape\"(%%r%d#%d) : (%s) -> %s\n", v, r, i, tb, tb);
+    res[i] = v;
+  }
+  return 0;
 }
 
 /* ---- constants ------------------------------------------------------------ */

@@ -67,6 +67,13 @@ const char *em_finish(tp_emit *e, const tp_val *results, int n);
 tp_val em_op(tp_emit *e, const char *name, const char *attrs, const tp_val *in,
              int nin, const tp_type *out);
 
+/* Add a function (MLIR `func.func` text, private, its symbol unique to it)
+ * to the program's module, once however often it is added. */
+int em_add_function(tp_emit *e, const char *text);
+/* Call a function of the module (em_add_function) on `in`; its nout results
+ * (types `outs`) are written to res.  0, or -1 with the emitter failed. */
+int em_call(tp_emit *e, const char *callee, const tp_val *in, int nin, const tp_type *outs, int nout, tp_val *res);
+
 /* ---- constants and shapes ------------------------------------------------- */
 tp_val em_const(tp_emit *e, double v, tp_dtype dt);            /* rank-0 */
 tp_val em_const_i(tp_emit *e, int64_t v, tp_dtype dt);         /* rank-0, exact ints */

@@ -10,6 +10,7 @@
  * at the same points (em_round_to), so results match it bit for bit. */
 #include <inttypes.h>
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "lower_util.h"
@@ -674,7 +675,32 @@ static void r_assert_async(tp_emit *e, const tp_node *n, tp_val *o) {
   lw_check_text(e, n, em_convert(e, ok, TP_I64), 1, 2, TP_INVALID_ARGUMENT, msg);
 }
 
+/* tp::custom(text, callee, tensors...): a user's op with a StableHLO body
+ * (torch_pjrt.library).  The body's functions (private, their symbols made
+ * unique to the body there) join the program's module, and the op is a call
+ * of its entry function `callee` on the tensors; the results are typed as
+ * PyTorch's fake function gives them (n->outs), which the verifier checks
+ * against the function's signature.  Eager programs and compiled graphs
+ * lower it alike: in a graph the call is inlined into the one program. */
+static void r_custom(tp_emit *e, const tp_node *n, tp_val *o) {
+  const char *text = lw_str(n, 0, NULL), *callee = lw_str(n, 1, NULL);
+  if (!text || !callee || n->nouts < 1) {
+    o[0] = em_fail(e, TP_INVALID_ARGUMENT, "tp::custom: expected a body, its entry function's name and a result");
+    return;
+  }
+  int nin = n->nargs - 2;
+  tp_val *in = malloc(sizeof(tp_val) * (size_t)(nin > 0 ? nin : 1));
+  if (!in) {
+    o[0] = em_fail(e, TP_RESOURCE_EXHAUSTED, "out of memory building a program");
+    return;
+  }
+  for (int i = 0; i < nin; i++) in[i] = lw_value(e, n, i + 2);
+  if (!em_failed(e) && em_add_function(e, text) == 0) em_call(e, callee, in, nin, n->outs, n->nouts, o);
+  free(in);
+}
+
 const tp_lower_entry tp_lower_misc[] = {
+    {"tp::custom", r_custom, 0},
     {"aten::_assert_async", r_assert_async, 0},
     {"aten::_assert_async.msg", r_assert_async, 0},
     {"aten::multi_margin_loss_backward", r_multi_margin_bw, 0},

@@ -53,6 +53,7 @@ static void sb_printf(sbuf *b, const char *fmt, ...) {
 struct tp_emit {
   tp_type *types; /* indexed by value id */
   tp_val *reshaped; /* per value: what it is a reshape of, or -1 */
+  tp_val *tsrc;     /* per value: S where it is S's 2-d transpose, perhaps converted (em_transpose_source), or -1 */
   tp_val *splat;    /* per value: the rank-0 value it broadcasts, or -1 */
   int nvals, capvals;
   tp_val *params;
@@ -95,6 +96,7 @@ void em_free(tp_emit *e) {
   if (!e) return;
   free(e->types);
   free(e->reshaped);
+  free(e->tsrc);
   free(e->splat);
   free(e->params);
   free(e->param_alias);
@@ -134,12 +136,14 @@ static tp_val new_val(tp_emit *e, const tp_type *tin) {
     tp_val *nr = nt ? realloc(e->reshaped, sizeof(tp_val) * (size_t)nc) : NULL;
     if (nr) e->reshaped = nr;
     tp_val *ns = nr ? realloc(e->splat, sizeof(tp_val) * (size_t)nc) : NULL;
-    if (!ns) return em_fail(e, TP_RESOURCE_EXHAUSTED, "out of memory building a program");
-    e->splat = ns;
+    if (ns) e->splat = ns;
+    tp_val *nts = ns ? realloc(e->tsrc, sizeof(tp_val) * (size_t)nc) : NULL;
+    if (!nts) return em_fail(e, TP_RESOURCE_EXHAUSTED, "out of memory building a program");
+    e->tsrc = nts;
     e->capvals = nc;
   }
   e->types[e->nvals] = t;
-  e->reshaped[e->nvals] = e->splat[e->nvals] = -1;
+  e->reshaped[e->nvals] = e->splat[e->nvals] = e->tsrc[e->nvals] = -1;
   return e->nvals++;
 }
 
@@ -511,7 +515,10 @@ tp_val em_convert(tp_emit *e, tp_val x, tp_dtype dt) {
     x = em_clamp(e, em_const(e, -448.0, t.dt), x, em_const(e, 448.0, t.dt));
   }
   t.dt = dt;
-  return emit_line(e, "stablehlo.convert", NULL, &x, 1, &t);
+  tp_val src = e->tsrc[x];
+  tp_val v = emit_line(e, "stablehlo.convert", NULL, &x, 1, &t);
+  if (v >= 0 && src >= 0 && tp_dtype_is_float(dt) && tp_dtype_is_float(e->types[src].dt)) e->tsrc[v] = src;
+  return v;
 }
 
 tp_val em_bitcast(tp_emit *e, tp_val x, const tp_type *t) {
@@ -606,9 +613,14 @@ tp_val em_transpose(tp_emit *e, tp_val x, const int64_t *perm) {
   }
   if (ident) return x;
   char attrs[512];
+  int swap2 = s->rank == 2;
   attr_ints(attrs, sizeof attrs, "permutation", perm, s->rank);
-  return emit_line(e, "stablehlo.transpose", attrs, &x, 1, &t);
+  tp_val v = emit_line(e, "stablehlo.transpose", attrs, &x, 1, &t);
+  if (v >= 0 && swap2) e->tsrc[v] = x;
+  return v;
 }
+
+tp_val em_transpose_source(const tp_emit *e, tp_val v) { return v >= 0 && v < e->nvals ? e->tsrc[v] : -1; }
 
 tp_val em_bcast_in_dim(tp_emit *e, tp_val x, const tp_type *out, const int64_t *map) {
   if (bad(e, x)) return -1;

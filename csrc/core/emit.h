@@ -93,6 +93,9 @@ tp_val em_bitcast(tp_emit *e, tp_val x, const tp_type *t);
 tp_val em_reinterpret(tp_emit *e, tp_val flat, tp_dtype to);
 tp_val em_reshape(tp_emit *e, tp_val x, int rank, const int64_t *dims);
 tp_val em_transpose(tp_emit *e, tp_val x, const int64_t *perm);
+/* S where v is S's 2-d transpose (em_transpose), perhaps converted to
+ * another float dtype since; else -1. */
+tp_val em_transpose_source(const tp_emit *e, tp_val v);
 /* broadcast_in_dim: x's dim i goes to output dim map[i]. */
 tp_val em_bcast_in_dim(tp_emit *e, tp_val x, const tp_type *out, const int64_t *map);
 /* numpy-style broadcast of x to `rank`/`dims` (trailing alignment). */

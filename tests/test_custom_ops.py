@@ -230,3 +230,15 @@ def test_registering_for_an_unknown_op():
         tpl.register_stablehlo("tptest::nosuchop", _scale_add_body)
     with pytest.raises(TypeError, match="expected a function"):
         tpl.register_stablehlo("examples::rms_norm", "not a function")
+
+
+def test_mutating_ops_are_refused():
+    _n[0] += 1
+    name = f"tptest::mut{_n[0]}"
+
+    @torch.library.custom_op(name, mutates_args=("x",))
+    def mut(x: torch.Tensor) -> None:
+        x.add_(1)
+
+    with pytest.raises(NotImplementedError, match="mutates its arguments"):
+        tpl.register_stablehlo(name, _scale_add_body)

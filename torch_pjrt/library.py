@@ -192,6 +192,9 @@ def _kernel(op, *args, **kwargs):
 
 def _register(op, make, kind):
     ov = _overload(op)
+    if ov._schema.is_mutable:
+        raise NotImplementedError(f"torch_pjrt.library: {ov._schema.name} mutates its arguments; a device body "
+                                  f"must return new tensors (define the op without mutates_args)")
     if not callable(make):
         raise TypeError(f"torch_pjrt.library.register_{kind}: expected a function, got {type(make).__name__}")
     first = ov not in _ops

@@ -347,7 +347,7 @@ def test_lora_trains_with_the_cpus_losses(tmp_path, qname, compiled, checkpointi
         warnings.simplefilter("always")
         expected, _ = _lora_losses(base, "cpu", qname, False, checkpointing)
         got, model = _lora_losses(base, "tpu", qname, compiled, checkpointing)
-    ours = [str(w.message) for w in caught if str(w.message).startswith("torch-pjrt")]
+    ours = [str(w.message) for w in caught if str(w.message).startswith("torch-pjrt: running")]  # graphs cut or op by op
     assert not ours, ours
     torch.testing.assert_close(got, expected, rtol=2e-5, atol=2e-5)
     assert got[-1] < got[0]

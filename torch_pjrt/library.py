@@ -158,13 +158,14 @@ def _meta(x):
     return x
 
 
-def body_for(op, args, kwargs, outs):
+def body_for(op, args, kwargs, outs, metas=None):
     """(text, entry, tensor arguments) of a registered op's call, or None when
-    it has no device body.  outs: its result tensors (meta or fake)."""
+    it has no device body.  outs: its result tensors (meta or fake);
+    metas: (args, kwargs) as meta tensors, when the caller has them."""
     b = _ops.get(op)
     if b is None:
         return None
-    metas, kwmetas = pytree.tree_map(_meta, (tuple(args), dict(kwargs)))
+    metas, kwmetas = pytree.tree_map(_meta, (tuple(args), dict(kwargs))) if metas is None else metas
     flat = outs if isinstance(outs, (tuple, list)) else [outs]
     text, entry = b.text(metas, kwmetas, [mlir_type(o) for o in flat])
     tensors = [a for a in pytree.tree_leaves((tuple(args), dict(kwargs))) if isinstance(a, torch.Tensor)]
@@ -178,7 +179,7 @@ def _kernel(op, *args, **kwargs):
     metas, kwmetas = pytree.tree_map(_meta, (args, kwargs))
     out_meta = op(*metas, **kwmetas)
     flat = list(out_meta) if isinstance(out_meta, (tuple, list)) else [out_meta]
-    text, entry, tensors = body_for(op, args, kwargs, flat)
+    text, entry, tensors = body_for(op, args, kwargs, flat, (metas, kwmetas))
     device = tensors[0].device if tensors else torch.device("tpu", torch.tpu.current_device())
     outs = [torch.empty(o.shape, dtype=o.dtype, device=device) for o in flat]
     try:

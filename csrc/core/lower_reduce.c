@@ -1047,11 +1047,8 @@ static void r_int_mm(tp_emit *e, const tp_node *n, tp_val *o) {
   /* An integer dot_general: XLA:CPU multiplies int8 in int32 as fast as
    * float32 from 2 rows on; one row takes its 5x slower matrix-vector
    * loop, so a single row is multiplied as two (the second zeros). */
-  int64_t lc = 1, rc = 0, m = at.dims[0];
-  if (m == 1) a = em_pad(e, a, em_const_i(e, 0, TP_I8), (int64_t[]){0, 0}, (int64_t[]){1, 0}, NULL);
-  tp_val r = em_dot(e, a, b, NULL, NULL, 0, &lc, &rc, 1, TP_I32);
-  if (m == 1) r = em_slice(e, r, (int64_t[]){0, 0}, (int64_t[]){1, bt.dims[1]}, NULL);
-  o[0] = r;
+  int64_t lc = 1, rc = 0;
+  o[0] = at.dims[0] == 1 ? one_row_product(e, a, b, TP_I32) : em_dot(e, a, b, NULL, NULL, 0, &lc, &rc, 1, TP_I32);
 }
 
 static void r_addbmm(tp_emit *e, const tp_node *n, tp_val *o) { addprod(e, n, o, 1, 0); }

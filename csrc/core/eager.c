@@ -1,5 +1,6 @@
 /* eager.c - one-op programs: build, cache, execute (see eager.h). */
 #include "eager.h"
+#include "trace.h"
 
 #include <float.h>
 #include <inttypes.h>
@@ -1394,7 +1395,8 @@ static void disk_warn(tp_status *st) {
 
 /* Compile `text`, or load it from the disk cache.  A stored executable the
  * plugin refuses to load counts as a miss and is recompiled and replaced. */
-static tp_status *compile_cached(tp_plugin *p, const char *text, tp_exec **out) {
+static tp_status *compile_cached(tp_plugin *p, int device, const char *name, const char *text,
+                                 tp_exec **out) {
   size_t len = strlen(text);
   if (g_disk) {
     void *blob = NULL;
@@ -1403,11 +1405,14 @@ static tp_status *compile_cached(tp_plugin *p, const char *text, tp_exec **out) 
     if (st) disk_warn(st);
     if (blob) {
       int64_t t0 = now_ns();
+      tp_trace_rec *rec = tp_trace_begin(TP_TRACE_CACHE_LOAD, device, name, (int64_t)blen);
       st = tp_exec_deserialize(p, blob, blen, out);
+      tp_trace_end(rec);
       free(blob);
       g_stats.load_ns += now_ns() - t0;
       if (!st) {
         g_stats.disk_hits++;
+        tp_exec_set_name(*out, name);
         return NULL;
       }
       tp_status_free(st);
@@ -1415,9 +1420,12 @@ static tp_status *compile_cached(tp_plugin *p, const char *text, tp_exec **out) 
     g_stats.disk_misses++;
   }
   int64_t t0 = now_ns();
+  tp_trace_rec *rec = tp_trace_begin(TP_TRACE_COMPILE, device, name, (int64_t)len);
   tp_status *st = tp_compile(p, text, len, out);
+  tp_trace_end(rec);
   g_stats.compile_ns += now_ns() - t0;
   g_stats.compiles++;
+  if (!st) tp_exec_set_name(*out, name);
   if (st || !g_disk) return st;
   void *ser = NULL;
   size_t slen = 0;
@@ -1635,7 +1643,12 @@ static tp_status *build_entry(tp_plugin *p, tp_lower_ctx *c, const char *op, tp_
   }
   const char *dump = getenv("TORCH_PJRT_DUMP_MLIR");
   if (dump && dump[0] == '1') fprintf(stderr, "// torch-pjrt program for %s\n%s\n", op, text);
-  st = compile_cached(p, text, &en->exec);
+  char name[96];
+  if (!strcmp(op, "tp::graph") && nargs > 0 && args[0].a.kind == TP_ARG_INT)
+    snprintf(name, sizeof name, "tp::graph %lld", (long long)args[0].a.i);
+  else
+    snprintf(name, sizeof name, "%s", op);
+  st = compile_cached(p, c->device, name, text, &en->exec);
   if (st) {
     st = tp_error_wrap(st, "compiling %s (set TORCH_PJRT_DUMP_MLIR=1 to see the program)", op);
     goto done;

@@ -9,6 +9,7 @@
  *  - nothing aborts: bad input and allocation failures come back as status.
  */
 #include "pjrt.h"
+#include "trace.h"
 
 #include <dlfcn.h>
 #include <errno.h>
@@ -58,6 +59,7 @@ struct tp_exec {
   PJRT_LoadedExecutable *exe;
   int num_outputs;
   int64_t out_bytes; /* the outputs' total size; -1 if the plugin does not say */
+  char name[96];     /* what its trace events are called */
 };
 
 /* ---- function-table slots ------------------------------------------------- */
@@ -786,11 +788,13 @@ tp_status *tp_buffer_from_host(tp_plugin *p, int device, tp_dtype dt,
   a.host_buffer_semantics = PJRT_HostBufferSemantics_kImmutableOnlyDuringCall;
   a.device = p->devices[device];
   REQUIRE_SLOT(p, PJRT_Client_BufferFromHostBuffer);
-  TP_RETURN_IF_ERROR(
-      from_pjrt(p->api, p->api->PJRT_Client_BufferFromHostBuffer(&a),
-                "PJRT_Client_BufferFromHostBuffer"));
-  tp_status *st = await_event(p->api, a.done_with_host_buffer,
-                              "copying host data to the device");
+  tp_trace_rec *rec = tp_trace_begin(TP_TRACE_H2D, device, "copy host to device",
+                                     numel * (int64_t)tp_dtype_size(dt));
+  tp_status *st = from_pjrt(p->api, p->api->PJRT_Client_BufferFromHostBuffer(&a),
+                            "PJRT_Client_BufferFromHostBuffer");
+  if (!st) st = await_event(p->api, a.done_with_host_buffer, "copying host data to the device");
+  tp_trace_end(rec);
+  if (st && !a.buffer) return st;
   if (st) {
     destroy_pjrt_buffer(p->api, a.buffer);
     return st;
@@ -836,9 +840,11 @@ tp_status *tp_buffer_to_host(tp_buffer *b, void *dst, size_t nbytes) {
   a.src = b->buf;
   a.dst = dst;
   a.dst_size = nbytes;
-  TP_RETURN_IF_ERROR(from_pjrt(p->api, p->api->PJRT_Buffer_ToHostBuffer(&a),
-                               "PJRT_Buffer_ToHostBuffer"));
-  return await_event(p->api, a.event, "copying a buffer to the host");
+  tp_trace_rec *rec = tp_trace_begin(TP_TRACE_D2H, b->device, "copy device to host", (int64_t)nbytes);
+  tp_status *st = from_pjrt(p->api, p->api->PJRT_Buffer_ToHostBuffer(&a), "PJRT_Buffer_ToHostBuffer");
+  if (!st) st = await_event(p->api, a.event, "copying a buffer to the host");
+  tp_trace_end(rec);
+  return st;
 }
 
 tp_status *tp_buffer_copy_to_device(tp_buffer *b, int device,
@@ -861,8 +867,10 @@ tp_status *tp_buffer_copy_to_device(tp_buffer *b, int device,
   a.struct_size = PJRT_Buffer_CopyToDevice_Args_STRUCT_SIZE;
   a.buffer = b->buf;
   a.dst_device = p->devices[device];
-  TP_RETURN_IF_ERROR(from_pjrt(p->api, p->api->PJRT_Buffer_CopyToDevice(&a),
-                               "PJRT_Buffer_CopyToDevice"));
+  tp_trace_rec *rec = tp_trace_begin(TP_TRACE_D2D, device, "copy device to device", (int64_t)b->nbytes);
+  tp_status *st = from_pjrt(p->api, p->api->PJRT_Buffer_CopyToDevice(&a), "PJRT_Buffer_CopyToDevice");
+  tp_trace_end(rec);
+  TP_RETURN_IF_ERROR(st);
   return buffer_wrap(p, a.dst_buffer, device, b->dtype, b->dims, b->ndim, out);
 }
 
@@ -1208,6 +1216,7 @@ static tp_status *exec_wrap(tp_plugin *p, PJRT_LoadedExecutable *le,
   e->exe = le;
   e->num_outputs = nout;
   e->out_bytes = out_bytes;
+  snprintf(e->name, sizeof e->name, "program");
   *out = e;
   return NULL;
 }
@@ -1256,6 +1265,10 @@ tp_status *tp_compile(tp_plugin *p, const char *mlir, size_t len,
 
 int tp_exec_num_outputs(const tp_exec *e) { return e ? e->num_outputs : 0; }
 
+void tp_exec_set_name(tp_exec *e, const char *name) {
+  if (e) snprintf(e->name, sizeof e->name, "%s", name ? name : "");
+}
+
 void tp_exec_free(tp_exec *e) {
   if (!e) return;
   destroy_loaded(e->p->api, e->exe);
@@ -1286,6 +1299,60 @@ static tp_status *check_execute_args(const tp_exec *e, int device,
 
 /* Launch `e` on one device with PJRT buffers `argv`; fill `outv`.
  * `keep` lists the argument indices that must not be donated. */
+/* A traced execution ends when its completion event fires; the event is
+ * destroyed when the trace record is freed (never from its own callback). */
+typedef struct {
+  const PJRT_Api *api;
+  PJRT_Event *event;
+} traced_event;
+
+static void traced_release(void *arg) {
+  traced_event *t = arg;
+  destroy_event(t->api, t->event);
+  free(t);
+}
+
+typedef struct {
+  const PJRT_Api *api;
+  tp_trace_rec *rec;
+} traced_done;
+
+static void traced_on_ready(PJRT_Error *err, void *arg) {
+  traced_done *d = arg;
+  destroy_error(d->api, err);
+  tp_trace_end(d->rec);
+  free(d);
+}
+
+/* Stamp the end of `rec` when `ev` fires (at once if it cannot be watched). */
+static void trace_when_ready(tp_plugin *p, tp_trace_rec *rec, PJRT_Event *ev) {
+  traced_event *t = ev ? malloc(sizeof *t) : NULL;
+  traced_done *d = t && HAS_SLOT(p->api, PJRT_Event_OnReady) ? malloc(sizeof *d) : NULL;
+  if (!d) {
+    free(t);
+    if (ev) tp_status_free(await_event(p->api, ev, "a traced execution"));
+    tp_trace_end(rec);
+    return;
+  }
+  t->api = p->api;
+  t->event = ev;
+  tp_trace_attach(rec, traced_release, t);
+  d->api = p->api;
+  d->rec = rec;
+  PJRT_Event_OnReady_Args a;
+  memset(&a, 0, sizeof a);
+  a.struct_size = PJRT_Event_OnReady_Args_STRUCT_SIZE;
+  a.event = ev;
+  a.callback = traced_on_ready;
+  a.user_arg = d;
+  PJRT_Error *err = p->api->PJRT_Event_OnReady(&a);
+  if (err) {
+    destroy_error(p->api, err);
+    free(d);
+    tp_trace_end(rec);
+  }
+}
+
 static tp_status *launch(tp_exec *e, int device, PJRT_Buffer *const *argv,
                          int nargs, const int64_t *keep, size_t nkeep,
                          PJRT_Buffer **outv) {
@@ -1307,13 +1374,22 @@ static tp_status *launch(tp_exec *e, int device, PJRT_Buffer *const *argv,
   a.num_devices = 1;
   a.num_args = (size_t)nargs;
   a.output_lists = out_lists;
-  /* No completion events: execution stays asynchronous, and an error in it
-   * surfaces when an output is awaited or read. */
-  a.device_complete_events = NULL;
+  /* Execution stays asynchronous, and an error in it surfaces when an
+   * output is awaited or read.  Only a profiler's trace asks for the
+   * completion event, to time it. */
+  tp_trace_rec *rec = tp_trace_begin(TP_TRACE_EXECUTE, device, e->name, e->out_bytes > 0 ? e->out_bytes : 0);
+  PJRT_Event *done[1] = {NULL};
+  a.device_complete_events = rec ? done : NULL;
   /* The executable is portable, so it runs on whichever device we name. */
   a.execute_device = p->devices[device];
-  return from_pjrt(p->api, p->api->PJRT_LoadedExecutable_Execute(&a),
-                   "PJRT_LoadedExecutable_Execute");
+  tp_status *st = from_pjrt(p->api, p->api->PJRT_LoadedExecutable_Execute(&a),
+                            "PJRT_LoadedExecutable_Execute");
+  if (rec) {
+    tp_trace_launched(rec);
+    if (st) tp_trace_end(rec);
+    else trace_when_ready(p, rec, done[0]);
+  }
+  return st;
 }
 
 /* Wrap every output; on failure release all of them (wrapped or not). */

@@ -111,6 +111,8 @@ int tp_buffer_device(const tp_buffer *b);
 tp_status *tp_compile(tp_plugin *p, const char *mlir, size_t len,
                       tp_exec **out);
 int tp_exec_num_outputs(const tp_exec *e);
+/* What the program's profiler events are called (the op or graph). */
+void tp_exec_set_name(tp_exec *e, const char *name);
 void tp_exec_free(tp_exec *e); /* NULL is a no-op */
 
 /* Run `e` on `device`.  `args` are borrowed (a buffer whose `donate[i]` is

@@ -14,6 +14,7 @@
 #include "dtype.h"
 #include "emit.h"
 #include "pjrt.h"
+#include "trace.h"
 #include "status.h"
 
 static tp_plugin *P; /* loaded once in main with cpu_device_count = 2 */
@@ -348,6 +349,44 @@ TEST(test_execute_add) {
   CHECK_EQ_INT(tp_exec_num_outputs(e), 1);
   check_add(e, 0);
   check_add(e, 1); /* the same portable executable on device 1 */
+  tp_exec_free(e);
+}
+
+/* Under a trace, an execution is an event named after its program that
+ * ends when the plugin says it completed; copies are events with bytes. */
+TEST(test_trace_execution) {
+  tp_exec *e = compile(kAdd);
+  if (!e) return;
+  tp_exec_set_name(e, "aten::add.Tensor");
+  CHECK_OK(tp_trace_start());
+  tp_trace_push_correlation(42);
+  check_add(e, 1); /* two uploads, the add, two downloads (result, input) */
+  tp_trace_pop_correlation();
+  tp_trace_stop();
+  check_add(e, 0); /* not recorded */
+  tp_trace_event *ev = NULL;
+  size_t n = 0, dropped = 1;
+  CHECK_OK(tp_trace_take(10000, &ev, &n, &dropped));
+  CHECK_EQ_INT(dropped, 0);
+  CHECK_EQ_INT(n, 5);
+  if (n == 5) {
+    CHECK_EQ_INT(ev[0].kind, TP_TRACE_H2D);
+    CHECK_EQ_INT(ev[0].bytes, 24);
+    CHECK_EQ_INT(ev[1].kind, TP_TRACE_H2D);
+    CHECK_EQ_INT(ev[2].kind, TP_TRACE_EXECUTE);
+    CHECK_STR_EQ(ev[2].name, "aten::add.Tensor");
+    CHECK_EQ_INT(ev[2].bytes, 24);
+    CHECK_EQ_INT(ev[3].kind, TP_TRACE_D2H);
+    CHECK_EQ_INT(ev[3].bytes, 24);
+    CHECK_EQ_INT(ev[4].kind, TP_TRACE_D2H);
+    for (size_t i = 0; i < n; i++) {
+      CHECK_EQ_INT(ev[i].device, 1);
+      CHECK_EQ_INT(ev[i].correlation, 42);
+      CHECK(ev[i].end_ns > ev[i].start_ns);
+      if (i) CHECK(ev[i].start_ns >= ev[i - 1].end_ns); /* one timeline */
+    }
+  }
+  free(ev);
   tp_exec_free(e);
 }
 
@@ -942,6 +981,7 @@ int main(void) {
   RUN(test_memory_stats);
   RUN(test_memory_limit);
   RUN(test_execute_add);
+  RUN(test_trace_execution);
   RUN(test_execute_two_outputs);
   RUN(test_free_while_running);
   RUN(test_free_many);

@@ -182,6 +182,39 @@ def test_jax_body_with_python_arguments():
         torch.testing.assert_close(op(x.to("tpu"), y.to("tpu"), alpha).cpu(), x + alpha * torch.tanh(y))
 
 
+def _row_scale(x: torch.Tensor) -> torch.Tensor:
+    return x * x.sum(-1, keepdim=True)
+
+
+def test_pallas_kernel_in_interpret_mode_eager_and_compiled():
+    # A Pallas kernel with a grid and block specs.  On the XLA CPU plugin it
+    # runs through Pallas's interpreter (interpret=True), which lowers it to
+    # ordinary StableHLO; a TPU plugin compiles the same kernel with Mosaic.
+    jax = pytest.importorskip("jax")
+    pl = pytest.importorskip("jax.experimental.pallas")
+    jnp = jax.numpy
+    name, op = _new_op(_row_scale, lambda x: torch.empty_like(x))
+
+    def kernel(x_ref, o_ref):
+        x = x_ref[...]
+        o_ref[...] = x * jnp.sum(x, axis=-1, keepdims=True)
+
+    @tpl.register_jax(name)
+    def _(x):
+        block = pl.BlockSpec((4, x.shape[1]), lambda i: (i, 0))
+        return pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), grid=(x.shape[0] // 4,),
+                              in_specs=[block], out_specs=block, interpret=True)(x)
+
+    x = torch.randn(16, 32)
+    want = _row_scale(x)
+    torch.testing.assert_close(op(x.to("tpu")).cpu(), want, rtol=1e-5, atol=1e-5)
+    before = _counts()
+    f = torch.compile(lambda t: op(t).relu(), backend="tpu", fullgraph=True)
+    torch.testing.assert_close(f(x.to("tpu")).cpu(), want.relu(), rtol=1e-5, atol=1e-5)
+    lowered, split, eager = (a - b for a, b in zip(_counts(), before))
+    assert (lowered, split, eager) == (1, 0, 0)
+
+
 # ---- bad bodies ---------------------------------------------------------------------------------
 
 

@@ -66,8 +66,16 @@ def test_eager_ops_have_device_time_linked_to_their_op(tmp_path):
         assert op["name"] == k["name"].removeprefix("tpu program ")
         assert k["ts"] >= op["ts"]  # runs after its launch began
         assert k["args"]["bytes"] == 128 * 128 * 4
-    assert len(flows) >= 2 * len(kernels)
     copies = _device_events(events, "gpu_memcpy")
+    # One arrow per device event, from its PJRT launch call on the CPU op's thread.
+    starts = [f["id"] for f in flows if f["ph"] == "s"]
+    ends = [f["id"] for f in flows if f["ph"] == "f"]
+    assert len(set(starts)) == len(starts) == len(kernels) + len(copies)
+    assert sorted(starts) == sorted(ends)
+    launches = [e for e in events if e.get("cat") == "privateuse1_runtime" and e["name"].startswith("PJRT_")]
+    assert sorted(e["name"] for e in launches if e["name"] == "PJRT_LoadedExecutable_Execute") == [
+        "PJRT_LoadedExecutable_Execute"] * len(kernels)
+    assert {e["tid"] for e in launches} == {ops[kernels[0]["args"]["correlation"]]["tid"]}
     assert {e["name"]: e["args"]["bytes"] for e in copies} == {
         "Memcpy DtoH (tpu -> host)": 128 * 128 * 4, "Memcpy HtoD (host -> tpu)": 128 * 128 * 4}
 

@@ -39,6 +39,8 @@ namespace {
 // How long processTrace waits for programs still running (they finish by
 // themselves; this only bounds a wedged device).
 constexpr int kWaitMs = 60000;
+// Ids of launch/device event pairs, above the CPU ops' correlation ids.
+constexpr int32_t kPairIds = 1 << 30;
 
 libkineto::ActivityType activity_type(tp_trace_kind k) {
   switch (k) {
@@ -145,14 +147,19 @@ class Session final : public libkineto::IActivityProfilerSession {
     for (size_t i = 0; i < n; i++) {
       const tp_trace_event& e = ev[i];
       if (!tp_trace_kind_on_device(e.kind)) {
-        add(logger, linked, e, activity_type(e.kind), event_name(e), e.start_ns, e.end_ns, false, false);
+        add(logger, linked, e, static_cast<int32_t>(e.correlation), activity_type(e.kind), event_name(e),
+            e.start_ns, e.end_ns, false, false);
         continue;
       }
       // The launch on the host thread, then the device event; a flow
       // arrow joins them when the launching op is known.
-      add(logger, linked, e, libkineto::ActivityType::PRIVATEUSE1_RUNTIME, launch_name(e.kind),
+      // The pair shares an id of its own, as CUDA's launch and kernel share
+      // CUPTI's: one op may launch several programs, and each arrow needs
+      // its own id.
+      const int32_t pair = kPairIds + static_cast<int32_t>(i);
+      add(logger, linked, e, pair, libkineto::ActivityType::PRIVATEUSE1_RUNTIME, launch_name(e.kind),
           e.launch_start_ns, e.launch_end_ns, false, true);
-      add(logger, linked, e, activity_type(e.kind), event_name(e), e.start_ns, e.end_ns, true, false);
+      add(logger, linked, e, pair, activity_type(e.kind), event_name(e), e.start_ns, e.end_ns, true, false);
       if (std::find(devices_.begin(), devices_.end(), e.device) == devices_.end())
         devices_.push_back(e.device);
     }
@@ -162,13 +169,13 @@ class Session final : public libkineto::IActivityProfilerSession {
   // One activity of `e`: on the device's row (the device index as the
   // process, stream 0) or on the launching thread's.
   void add(libkineto::ActivityLogger& logger, const libkineto::getLinkedActivityCallback& linked,
-           const tp_trace_event& e, libkineto::ActivityType type, const std::string& name,
+           const tp_trace_event& e, int32_t id, libkineto::ActivityType type, const std::string& name,
            int64_t start, int64_t end, bool on_device, bool flow_start) {
     buffer_.emplace_activity(buffer_.span, type, name);
     auto& a = libkineto::CpuTraceBuffer::toRef(buffer_.activities.back());
     a.startTime = start;
     a.endTime = end;
-    a.id = static_cast<int32_t>(e.correlation);
+    a.id = id;
     a.threadId = static_cast<int32_t>(e.thread);
     if (on_device) {
       a.device = e.device;
@@ -183,7 +190,7 @@ class Session final : public libkineto::IActivityProfilerSession {
     if (e.bytes > 0) a.addMetadata("bytes", e.bytes);
     if (e.correlation) {
       if (on_device || flow_start) {
-        a.flow.id = static_cast<uint32_t>(e.correlation);
+        a.flow.id = static_cast<uint32_t>(id);
         a.flow.type = libkineto::kLinkAsyncCpuGpu;
         a.flow.start = flow_start;
       }

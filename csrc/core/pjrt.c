@@ -1297,8 +1297,6 @@ static tp_status *check_execute_args(const tp_exec *e, int device,
   return NULL;
 }
 
-/* Launch `e` on one device with PJRT buffers `argv`; fill `outv`.
- * `keep` lists the argument indices that must not be donated. */
 /* A traced execution ends when its completion event fires; the event is
  * destroyed when the trace record is freed (never from its own callback). */
 typedef struct {
@@ -1353,6 +1351,8 @@ static void trace_when_ready(tp_plugin *p, tp_trace_rec *rec, PJRT_Event *ev) {
   }
 }
 
+/* Launch `e` on one device with PJRT buffers `argv`; fill `outv`.
+ * `keep` lists the argument indices that must not be donated. */
 static tp_status *launch(tp_exec *e, int device, PJRT_Buffer *const *argv,
                          int nargs, const int64_t *keep, size_t nkeep,
                          PJRT_Buffer **outv) {

@@ -126,6 +126,58 @@ def test_host_values_dropped_after_a_device_write():
         torch.tpu.synchronize()
 
 
+# Ops whose rules declare their index bounds on an index argument
+# (lw_check_arg): the engine checks host-known values before launch.
+HOST_CHECKED = {
+    "index_select": lambda x, i: x.index_select(0, i),
+    "index_select_dim1": lambda x, i: x.index_select(1, i),
+    "embedding": lambda x, i: torch.nn.functional.embedding(i, x),
+    "gather": lambda x, i: x.gather(1, i.view(1, -1).expand(3, -1)),
+    "take": lambda x, i: x.take(i),
+    "put_": lambda x, i: x.clone().put_(i, torch.ones(i.shape, device=x.device)),
+    "index_fill_": lambda x, i: x.clone().index_fill_(0, i, 1.0),
+    "index_add_": lambda x, i: x.clone().index_add_(0, i, torch.ones(len(i), 4, device=x.device)),
+    "index_copy_": lambda x, i: x.clone().index_copy_(0, i, torch.ones(len(i), 4, device=x.device)),
+    "scatter_": lambda x, i: x.clone().scatter_(1, i.view(1, -1), 1.0),
+}
+
+
+@pytest.mark.parametrize("name", sorted(HOST_CHECKED))
+@pytest.mark.parametrize("bad", [[0, 12], [1, -13], [2, 1]], ids=["above", "below", "in_range"])
+def test_host_known_index_raises_at_the_op(name, bad):
+    """An index uploaded from a list is checked before launch, with the
+    CPU's exception and message, on the first call (the Python kernel) and on
+    the repeated ones (the C++ fast path), without waiting for the device."""
+    fn = HOST_CHECKED[name]
+    x = torch.arange(12.0).view(3, 4)
+    try:
+        want = ("ok", fn(x, torch.tensor(bad)))
+    except Exception as e:  # noqa: BLE001 - the type is what is compared
+        want = (type(e), str(e))
+    xt = x.to("tpu")
+    for _ in range(3):
+        try:
+            got = ("ok", fn(xt, torch.tensor(bad, device="tpu")))  # raises here, or not at all
+        except Exception as e:  # noqa: BLE001
+            got = (type(e), str(e))
+        torch.tpu.synchronize()  # nothing deferred is left behind
+        assert got[0] == want[0], (got, want)
+        if got[0] == "ok":
+            torch.testing.assert_close(got[1].cpu(), want[1])
+        else:
+            assert got[1] == want[1]
+
+
+def test_device_computed_index_of_index_select_is_deferred():
+    """The same ops with indices the device computed keep the program's
+    check, which names the op."""
+    x = torch.zeros(3, 4, device="tpu")
+    i = torch.tensor([0, 1], device="tpu") + 5
+    y = x.index_select(0, i)
+    with pytest.raises(IndexError, match=r"index out of range in self.*aten::index_select"):
+        y.cpu()
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("reduce", ["mean", "prod", "amax"])
 @pytest.mark.parametrize("include_self", [True, False])

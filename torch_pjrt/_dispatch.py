@@ -1691,8 +1691,12 @@ def install():
     # a Python kernel through the mode's interpreter, which finds per-op
     # registrations only (a boxed fallback is not one: an internal assert),
     # so these copies get their own registration.
-    for name in ("_copy_from", "_copy_from_and_resize"):
-        impl.impl(name, functools.partial(_fallback, getattr(torch.ops.aten, name).default), "PrivateUse1")
+    # _copy_from between tpu tensors is the C++ CopyKernel's (fast.cpp); it
+    # hands every other copy to this kernel, under PrivateUse2.
+    impl.impl("_copy_from", functools.partial(_fallback, torch.ops.aten._copy_from.default), "PrivateUse2")
+    _register_copy()
+    impl.impl("_copy_from_and_resize", functools.partial(_fallback, torch.ops.aten._copy_from_and_resize.default),
+              "PrivateUse1")
     # Factories whose CompositeExplicitAutograd kernel ends in a DispatchStub
     # that has only CPU/CUDA kernels (an internal assert for tpu): _composite's.
     for name in ("kaiser_window", "kaiser_window.periodic", "kaiser_window.beta"):
@@ -1811,6 +1815,7 @@ def _glue():
     g.tp_glue_register_fast.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int,
                                         ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t]
     g.tp_glue_set_fast.argtypes = [ctypes.c_int]
+    g.tp_glue_register_copy.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
     return g
 
 
@@ -1830,6 +1835,12 @@ def _register_fast(h):
     if r < 0:
         raise RuntimeError(f"torch_pjrt: registering the fast kernel of {h.name}: {err.value.decode()}")
     return r == 0
+
+
+def _register_copy():
+    err = ctypes.create_string_buffer(512)
+    if _glue().tp_glue_register_copy(err, 512) < 0:
+        raise RuntimeError(f"torch_pjrt: registering the copy kernel: {err.value.decode()}")
 
 
 def _direct_ops():

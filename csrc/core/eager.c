@@ -71,7 +71,14 @@ static uint64_t hash_bytes(const unsigned char *p, size_t n) {
     h ^= p[i];
     h *= 1099511628211ull;
   }
-  return h ^ (h >> 32);
+  /* A multiply carries no high bits down, so keys that differ only above
+   * their low bits (view offsets of a row loop, multiples of the row size)
+   * would share the low bits tables index by: murmur3's finalizer mixes them. */
+  h ^= h >> 33;
+  h *= 0xff51afd7ed558ccdull;
+  h ^= h >> 33;
+  h *= 0xc4ceb9fe1a85ec53ull;
+  return h ^ (h >> 33);
 }
 
 /* The key bytes of a non-tensor argument, shared by the program key and the
@@ -105,6 +112,16 @@ typedef struct param_src {
   tp_val val;  /* while building: the parameter's value */
 } param_src;
 
+/* A range the program's rule declared on the values of a tensor argument
+ * (tp_node.host_check), checked on the host before each launch where the
+ * host knows the values. */
+typedef struct host_check {
+  int arg;
+  int64_t lo, hi;
+  tp_code code;
+  char msg[256];
+} host_check;
+
 typedef struct entry {
   struct entry *next;
   struct entry *lru_prev, *lru_next; /* most recently used first */
@@ -120,6 +137,8 @@ typedef struct entry {
   uint64_t rng_count;
   int check_storage;   /* index of the device's check flag among the storages, -1: no checks */
   int64_t check_base;  /* id of the program's first check (SRC_CHECK parameter) */
+  host_check *hchecks;
+  int nhchecks;
 } entry;
 
 /* Everything below is guarded by tp_storage_lock(), which the engine holds
@@ -156,6 +175,7 @@ static void entry_free(entry *en) {
   free(en->params);
   free(en->res_storage);
   free(en->donate);
+  free(en->hchecks);
   free(en);
 }
 
@@ -492,6 +512,9 @@ struct tp_lower_ctx {
   /* index checks (tp_node.check) the program being built makes */
   int nchecks, capchecks;
   struct pending_check *checks;
+  /* host checks of the program being built: handed to its entry */
+  int nhchecks;
+  struct host_check *hchecks;
 };
 
 #define NSLOTS(c) ((size_t)(c)->capst * 4) /* a power of two, > 2 * capst */
@@ -728,6 +751,44 @@ static void cb_check(tp_emit *e, const tp_node *n, tp_val idx, int64_t lo, int64
   snprintf(pc->msg, sizeof pc->msg, "%s", msg);
 }
 
+static void cb_host_check(tp_emit *e, const tp_node *n, int arg, int64_t lo, int64_t hi, tp_code code,
+                          const char *msg) {
+  tp_lower_ctx *c = n->ctx;
+  if (em_failed(e) || arg < 0 || arg >= c->nargs || c->args[arg].a.kind != TP_ARG_TENSOR) return;
+  host_check *nh = realloc(c->hchecks, sizeof(host_check) * (size_t)(c->nhchecks + 1));
+  if (!nh) {
+    em_fail(e, TP_RESOURCE_EXHAUSTED, "out of host memory");
+    return;
+  }
+  c->hchecks = nh;
+  host_check *h = &nh[c->nhchecks++];
+  h->arg = arg;
+  h->lo = lo;
+  h->hi = hi;
+  h->code = code;
+  snprintf(h->msg, sizeof h->msg, "%s", msg);
+}
+
+/* A check's message with "{}" replaced by the offending value and "{{" by "{". */
+static void check_text(const char *msg, int64_t value, char *text, size_t cap) {
+  char num[32];
+  snprintf(num, sizeof num, "%" PRId64, value);
+  size_t q = 0;
+  for (const char *s = msg; *s && q + 1 < cap; s++) {
+    if (s[0] == '{' && s[1] == '{') { /* "{{": a literal "{" (lw_check_text) */
+      text[q++] = '{';
+      s++;
+    } else if (s[0] == '{' && s[1] == '}') {
+      q += (size_t)snprintf(text + q, cap - q, "%s", num);
+      if (q >= cap) q = cap - 1;
+      s++;
+    } else {
+      text[q++] = *s;
+    }
+  }
+  text[q] = 0;
+}
+
 /* The id of the first of k messages, added to the table unless the same run
  * of messages is there already. */
 static int64_t check_ids(const char *op, const pending_check *pc, int k) {
@@ -866,22 +927,8 @@ static tp_status *check_flag(tp_plugin *p, int device, flag_mode mode) {
   tp_storage_set_buffer(g_flag[device], b);
   if (v[0] < 1 || v[0] > g_nmsgs) return tp_error(TP_INTERNAL, "tpu:%d: corrupt index check flag (%" PRId64 ")", device, v[0]);
   const check_msg *m = &g_msgs[v[0] - 1];
-  char text[600], num[32];
-  snprintf(num, sizeof num, "%" PRId64, v[1]);
-  size_t q = 0;
-  for (const char *s = m->msg; *s && q + 1 < sizeof text; s++) {
-    if (s[0] == '{' && s[1] == '{') { /* "{{": a literal "{" (lw_check_text) */
-      text[q++] = '{';
-      s++;
-    } else if (s[0] == '{' && s[1] == '}') {
-      q += (size_t)snprintf(text + q, sizeof text - q, "%s", num);
-      if (q >= sizeof text) q = sizeof text - 1;
-      s++;
-    } else {
-      text[q++] = *s;
-    }
-  }
-  text[q] = 0;
+  char text[600];
+  check_text(m->msg, v[1], text, sizeof text);
   if (mode == FLAG_AT_OP) return tp_error(m->code, "%s", text);
   return tp_error(m->code,
                   "%s (found on tpu:%d by %s, which ran asynchronously before this point; set "
@@ -1248,14 +1295,19 @@ static void scalar_bytes(const tp_arg *a, tp_dtype dt, unsigned char out[16]) {
   }
 }
 
-/* Uploaded scalars, reused: a direct-mapped table keyed by (device, dtype, bytes). */
-#define NSCALARS 512
+/* Uploaded scalars, reused: a two-way set-associative table keyed by
+ * (device, dtype, bytes), the least recently used way replaced.  A loop's
+ * positions (view offsets, roll shifts) are scalars of this kind, one per
+ * step value: 4096 slots keep a few thousand of them. */
+#define NSCALARS 4096
 static struct {
   tp_buffer *buf;
+  uint64_t used; /* g_scalar_tick at the last use */
   int device;
   tp_dtype dt;
   unsigned char bytes[16];
 } g_scalars[NSCALARS];
+static uint64_t g_scalar_tick;
 
 /* `busy`/`nbusy`: slots already passed to this call's execution; such a
  * slot is not replaced (its buffer is in use): the scalar is uploaded
@@ -1265,27 +1317,35 @@ static tp_status *scalar_buffer(tp_plugin *p, int device, const tp_arg *a, tp_dt
   unsigned char b[16];
   scalar_bytes(a, dt, b);
   uint64_t h = hash_bytes(b, 16) ^ ((uint64_t)dt * 31u + (uint64_t)device * 1000003u);
-  size_t slot = h % NSCALARS;
+  size_t set = (h % (NSCALARS / 2)) * 2;
   *owned = 0;
-  if (g_scalars[slot].buf && g_scalars[slot].device == device && g_scalars[slot].dt == dt &&
-      !memcmp(g_scalars[slot].bytes, b, 16)) {
-    *out = g_scalars[slot].buf;
-    busy[(*nbusy)++] = slot;
-    return NULL;
-  }
+  for (size_t slot = set; slot < set + 2; slot++)
+    if (g_scalars[slot].buf && g_scalars[slot].device == device && g_scalars[slot].dt == dt &&
+        !memcmp(g_scalars[slot].bytes, b, 16)) {
+      g_scalars[slot].used = ++g_scalar_tick;
+      *out = g_scalars[slot].buf;
+      busy[(*nbusy)++] = slot;
+      return NULL;
+    }
   tp_buffer *nb = NULL;
   TP_RETURN_IF_ERROR(tp_buffer_from_host(p, device, dt, NULL, 0, b, &nb));
   g_stats.h2d_transfers++;
   g_stats.h2d_bytes += (int64_t)tp_dtype_size(dt);
+  int free_way[2] = {1, 1};
   for (int i = 0; i < *nbusy; i++)
-    if (busy[i] == slot) {
-      *out = nb;
-      *owned = 1;
-      return NULL;
-    }
+    if (busy[i] >= set && busy[i] < set + 2) free_way[busy[i] - set] = 0;
+  if (!free_way[0] && !free_way[1]) {
+    *out = nb;
+    *owned = 1;
+    return NULL;
+  }
+  size_t slot = !free_way[0] ? set + 1
+                : !free_way[1] ? set
+                : g_scalars[set].used <= g_scalars[set + 1].used ? set : set + 1;
   busy[(*nbusy)++] = slot;
   tp_buffer_free(g_scalars[slot].buf);
   g_scalars[slot].buf = nb;
+  g_scalars[slot].used = ++g_scalar_tick;
   g_scalars[slot].device = device;
   g_scalars[slot].dt = dt;
   memcpy(g_scalars[slot].bytes, b, 16);
@@ -1588,7 +1648,7 @@ static tp_status *build_entry(tp_plugin *p, tp_lower_ctx *c, const char *op, tp_
     ot[i] = out_types ? out_types[i] : tp_type_make(outs[i].dt, outs[i].rank, outs[i].sizes);
     ov[i] = -1;
   }
-  tp_node n = {op, nargs, la, nouts, ot, c, cb_scalar, cb_rng_key, cb_check, cb_runtime_int};
+  tp_node n = {op, nargs, la, nouts, ot, c, cb_scalar, cb_rng_key, cb_check, cb_runtime_int, cb_host_check};
   tp_lower_run(fn, e, &n, ov);
   for (int i = 0; i < nouts && !em_failed(e); i++) {
     if (ov[i] < 0) {
@@ -1658,6 +1718,10 @@ static tp_status *build_entry(tp_plugin *p, tp_lower_ctx *c, const char *op, tp_
   en->params = c->params;
   c->params = NULL;
   c->nparams = c->capparams = 0;
+  en->hchecks = c->hchecks;
+  en->nhchecks = c->nhchecks;
+  c->hchecks = NULL;
+  c->nhchecks = 0;
   for (int i = 0; i < nouts; i++) {
     int64_t m = ref_numel(&outs[i]);
     en->rng_count += (uint64_t)(m > 0 ? m : 1);
@@ -1732,6 +1796,42 @@ static tp_status *check_scalar_fits(const tp_arg *a, tp_dtype dt) {
   else if (tp_dtype_is_unsigned(dt)) bad = dt == TP_U64 ? fabs(v) >= hi : fabs(v) > hi;
   else bad = v < lo || (dt == TP_I64 ? v >= hi : v > hi); /* the int64 bound is 2^63 */
   return bad ? tp_error(TP_INVALID_ARGUMENT, "value cannot be converted to type %s without overflow", name) : NULL;
+}
+
+/* The program's host checks (host_check) on the arguments whose values the
+ * host has: the first offending value, in row-major order, raises here. */
+static tp_status *run_host_checks(const entry *en, const tp_eager_arg *args, int nargs) {
+  for (int k = 0; k < en->nhchecks; k++) {
+    const host_check *h = &en->hchecks[k];
+    if (h->arg >= nargs || args[h->arg].a.kind != TP_ARG_TENSOR) continue;
+    const tp_tensor_ref *r = args[h->arg].t;
+    tp_dtype dt;
+    const void *vals = tp_storage_host_copy(r->st, &dt);
+    if (!vals || dt != r->dt || (dt != TP_I64 && dt != TP_I32)) continue;
+    tp_status *outside = check_in_storage(r); /* the launch reports it */
+    if (outside) {
+      tp_status_free(outside);
+      continue;
+    }
+    /* the view's elements in row-major order (any strides: expanded and
+     * sliced index views too), read from the storage's copy */
+    int64_t n = ref_numel(r), pos[TP_MAX_RANK] = {0}, at = r->offset;
+    for (int64_t i = 0; i < n; i++) {
+      int64_t v = dt == TP_I64 ? ((const int64_t *)vals)[at] : ((const int32_t *)vals)[at];
+      if (v < h->lo || v >= h->hi) {
+        char text[600];
+        check_text(h->msg, v, text, sizeof text);
+        return tp_error(h->code, "%s", text);
+      }
+      for (int d = r->rank - 1; d >= 0; d--) {
+        at += r->strides[d];
+        if (++pos[d] < r->sizes[d]) break;
+        at -= r->strides[d] * r->sizes[d];
+        pos[d] = 0;
+      }
+    }
+  }
+  return NULL;
 }
 
 static tp_status *run_locked(tp_plugin *p, tp_lower_ctx *c, const char *op, const tp_eager_arg *args, int nargs,
@@ -1830,7 +1930,11 @@ static tp_status *run_locked(tp_plugin *p, tp_lower_ctx *c, const char *op, cons
     }
   }
   kb_free(&k);
-  if (st) return st;
+  if (!st) st = run_host_checks(en, args, nargs);
+  if (st) {
+    if (uncached) entry_free(en);
+    return st;
+  }
 
   /* Gather parameters and run. */
   tp_buffer *inb[256], *tmp[256], *outb[256];
@@ -1935,12 +2039,14 @@ tp_status *tp_eager_run_rng(const char *op, const tp_eager_arg *args, int nargs,
   c->rng_used = 0;
   c->rng = rng;
   c->nchecks = 0;
+  c->nhchecks = 0;
   tp_status *st = run_locked(p, c, op, args, nargs, out_types, outs, nouts);
   if (c == &g_ctx) {
     g_ctx_busy = 0;
   } else {
     free(c->params);
     free(c->checks);
+    free(c->hchecks);
     free_tables(c);
     free(c);
   }

@@ -239,7 +239,7 @@ void tp_graph_lower(tp_emit *e, const tp_node *n, tp_val *outs) {
         }
       }
       for (int q = 0; q < nd->nouts; q++) ov[q] = -1;
-      tp_node sub = {nd->op, nd->nargs, la, nd->nouts, nd->outs, n->ctx, const_scalar, n->rng_key, n->check, NULL};
+      tp_node sub = {nd->op, nd->nargs, la, nd->nouts, nd->outs, n->ctx, const_scalar, n->rng_key, n->check, NULL, NULL};
       if (nd->key >= 0) {
         g_state = vals[nd->key];
         sub.rng_key = state_key;

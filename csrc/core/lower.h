@@ -68,6 +68,13 @@ typedef struct tp_node {
    * operand; NULL (compiled graphs): rules use constants.  Rules call it
    * through lw_runtime_int. */
   tp_val (*runtime_int)(tp_emit *e, const struct tp_node *n, int i, int j);
+  /* The same range as a check, on the values of tensor argument `arg` as
+   * they are (lw_check_arg): where the host knows them when the op runs (an
+   * index uploaded from a Python list or a CPU tensor), the engine checks
+   * them before launch and raises at the op, as the CPU does.  NULL: only
+   * the device check. */
+  void (*host_check)(tp_emit *e, const struct tp_node *n, int arg, int64_t lo, int64_t hi, tp_code code,
+                     const char *msg);
 } tp_node;
 
 /* The error of a complex number with an imaginary part where the op wants a

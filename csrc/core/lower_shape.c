@@ -518,7 +518,12 @@ static void r_index_select(tp_emit *e, const tp_node *n, tp_val *o) {
     dim = 0;
   }
   tp_val idx = to_i64(e, lw_value(e, n, 2));
-  lw_check_range(e, n, idx, 0, em_type(e, x)->dims[dim], TP_OUT_OF_RANGE, "index out of range in self");
+  int64_t size = em_type(e, x)->dims[dim];
+  if (t.rank > 1 && dim == 1) /* the CPU kernel's own loop for dim 1 words it so */
+    lw_check_arg(e, n, 2, idx, 0, size, TP_INVALID_ARGUMENT, "INDICES element is out of DATA bounds, id={} axis_dim=%" PRId64,
+                 size);
+  else
+    lw_check_arg(e, n, 2, idx, 0, size, TP_OUT_OF_RANGE, "index out of range in self");
   int64_t kd[2] = {tp_type_numel(em_type(e, idx)), 1};
   idx = em_reshape(e, idx, 2, kd);
   int dims[1] = {dim};
@@ -531,8 +536,8 @@ static void r_gather(tp_emit *e, const tp_node *n, tp_val *o) {
   int dim = lw_dim(lw_int(n, 1, 0), t.rank);
   tp_val idx = to_i64(e, lw_value(e, n, 2));
   tp_type it = *em_type(e, idx);
-  lw_check_range(e, n, idx, 0, t.rank ? t.dims[dim] : 1, TP_INVALID_ARGUMENT,
-                 "index {} is out of bounds for dimension %d with size %" PRId64, dim, t.rank ? t.dims[dim] : 1);
+  lw_check_arg(e, n, 2, idx, 0, t.rank ? t.dims[dim] : 1, TP_INVALID_ARGUMENT,
+               "index {} is out of bounds for dimension %d with size %" PRId64, dim, t.rank ? t.dims[dim] : 1);
   if (t.rank == 0) { /* index must be 0 */
     o[0] = em_bcast_to(e, x, OUT0->rank, OUT0->dims);
     return;
@@ -556,8 +561,8 @@ static void r_take(tp_emit *e, const tp_node *n, tp_val *o) {
   tp_val x = flatten(e, lw_value(e, n, 0));
   int64_t nel = em_type(e, x)->dims[0];
   tp_val idx = to_i64(e, lw_value(e, n, 1));
-  lw_check_range(e, n, idx, -nel, nel, TP_OUT_OF_RANGE,
-                 "out of range: tried to access index {} on a tensor of %" PRId64 " elements.", nel);
+  lw_check_arg(e, n, 1, idx, -nel, nel, TP_OUT_OF_RANGE,
+               "out of range: tried to access index {} on a tensor of %" PRId64 " elements.", nel);
   idx = wrap_neg(e, idx, nel);
   if (nel == 0) {
     o[0] = em_fail(e, TP_OUT_OF_RANGE, "%s: out of range: tried to access index on an empty tensor", n->op);
@@ -575,7 +580,7 @@ static void r_embedding(tp_emit *e, const tp_node *n, tp_val *o) {
     return;
   }
   if (!rank_ok(e, n, it.rank + 1)) return;
-  lw_check_range(e, n, idx, 0, em_type(e, w)->dims[0], TP_OUT_OF_RANGE, "index out of range in self");
+  lw_check_arg(e, n, 1, idx, 0, em_type(e, w)->dims[0], TP_OUT_OF_RANGE, "index out of range in self");
   it.dims[it.rank++] = 1;
   idx = em_reshape(e, idx, it.rank, it.dims);
   int dims[1] = {0};
@@ -644,8 +649,8 @@ static void scatter_dim(tp_emit *e, const tp_node *n, tp_val *o, red_kind red, i
                    n->op);
     return;
   }
-  lw_check_range(e, n, idx, 0, x1.dims[dim], TP_INVALID_ARGUMENT,
-                 "index {} is out of bounds for dimension %d with size %" PRId64, dim, x1.dims[dim]);
+  lw_check_arg(e, n, 2, idx, 0, x1.dims[dim], TP_INVALID_ARGUMENT,
+               "index {} is out of bounds for dimension %d with size %" PRId64, dim, x1.dims[dim]);
   tp_val upd;
   tp_type ut = it;
   ut.dt = t.dt;
@@ -726,13 +731,13 @@ static void index_dim(tp_emit *e, const tp_node *n, tp_val *o, red_kind red, int
     return;
   }
   if (red == RED_REPLACE)
-    lw_check_range(e, n, idx, 0, x1.dims[dim], TP_OUT_OF_RANGE,
-                   "index_copy_(): index {} is out of bounds for dimension %d with size %" PRId64, dim, x1.dims[dim]);
+    lw_check_arg(e, n, 2, idx, 0, x1.dims[dim], TP_OUT_OF_RANGE,
+                 "index_copy_(): index {} is out of bounds for dimension %d with size %" PRId64, dim, x1.dims[dim]);
   else if (red == RED_SUM)
-    lw_check_range(e, n, idx, 0, x1.dims[dim], TP_INVALID_ARGUMENT,
-                   "index {} is out of bounds for dimension %d with size %" PRId64, dim, x1.dims[dim]);
+    lw_check_arg(e, n, 2, idx, 0, x1.dims[dim], TP_INVALID_ARGUMENT,
+                 "index {} is out of bounds for dimension %d with size %" PRId64, dim, x1.dims[dim]);
   else
-    lw_check_range(e, n, idx, 0, x1.dims[dim], TP_OUT_OF_RANGE, "index out of range in self");
+    lw_check_arg(e, n, 2, idx, 0, x1.dims[dim], TP_OUT_OF_RANGE, "index out of range in self");
   tp_val upd = src;
   if (alpha_i >= 0 && t.dt == TP_BOOL) {
     upd = em_binary(e, "stablehlo.and", em_convert(e, src, TP_BOOL), lw_operand(e, n, alpha_i, &st)); /* bool * alpha */
@@ -779,8 +784,8 @@ static void r_index_fill(tp_emit *e, const tp_node *n, tp_val *o) {
     o[0] = x;
     return;
   }
-  lw_check_range(e, n, idx, -size, size, TP_OUT_OF_RANGE,
-                 "index {} is out of bounds for dimension %d with size %" PRId64, dim, size);
+  lw_check_arg(e, n, 2, idx, -size, size, TP_OUT_OF_RANGE,
+               "index {} is out of bounds for dimension %d with size %" PRId64, dim, size);
   idx = wrap_neg(e, idx, size);
   tp_type ht = tp_type_make(TP_BOOL, 1, &size), kt = tp_type_make(TP_BOOL, 1, &kk);
   tp_val hit = em_scatter_flat(e, em_full(e, 0, &ht), idx, em_full(e, 1, &kt), NULL);
@@ -1147,8 +1152,8 @@ static void r_put(tp_emit *e, const tp_node *n, tp_val *o) {
     return;
   }
   tp_val src = reshape_to(e, em_convert(e, lw_value(e, n, 2), xt.dt), &it);
-  lw_check_range(e, n, idx, -nel, nel, TP_OUT_OF_RANGE,
-                 "out of range: tried to access index {} on a tensor of %" PRId64 " elements.", nel);
+  lw_check_arg(e, n, 1, idx, -nel, nel, TP_OUT_OF_RANGE,
+               "out of range: tried to access index {} on a tensor of %" PRId64 " elements.", nel);
   idx = wrap_neg(e, idx, nel);
   int check[1] = {1};
   tp_val lin = linearize(e, &idx, check, 1, &nel);
@@ -1734,8 +1739,8 @@ static void r_embedding_bag(tp_emit *e, const tp_node *n, tp_val *o) {
   }
   idx = to_i64(e, idx);
   off = to_i64(e, off);
-  lw_check_range(e, n, idx, 0, wt.dims[0], TP_INVALID_ARGUMENT,
-                 "An index of input takes value {} which is not in the valid range [0, %" PRId64 ")", wt.dims[0]);
+  lw_check_arg(e, n, 1, idx, 0, wt.dims[0], TP_INVALID_ARGUMENT,
+               "An index of input takes value {} which is not in the valid range [0, %" PRId64 ")", wt.dims[0]);
   if (O > 0)
     lw_check_range(e, n, slice1(e, off, 0, 1), 0, 1, TP_INVALID_ARGUMENT,
                    "offsets[0] has to be 0, i.e., the first sequence in the mini-batch has to start from position 0. "

@@ -91,6 +91,15 @@ void lw_check_range(tp_emit *e, const tp_node *n, tp_val idx, int64_t lo, int64_
 /* The same check, with a message taken as it is (no "{}" placeholder):
  * `text` is escaped for the flag's formatting ("{" -> "{{") and cut to fit. */
 void lw_check_text(tp_emit *e, const tp_node *n, tp_val idx, int64_t lo, int64_t hi, tp_code code, const char *text);
+/* lw_check_range of idx, the integer values of tensor argument `arg`
+ * unchanged (converted or reshaped only): the engine also checks them on
+ * the host before launch where it knows them (tp_node.host_check). */
+void lw_check_arg(tp_emit *e, const tp_node *n, int arg, tp_val idx, int64_t lo, int64_t hi, tp_code code,
+                  const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 8, 9)))
+#endif
+    ;
 
 /* ---- emission shortcuts ------------------------------------------------ */
 tp_val lw_full_like(tp_emit *e, tp_val like, double v);

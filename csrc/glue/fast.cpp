@@ -241,6 +241,37 @@ struct FastKernel final : c10::OperatorKernel {
   }
 };
 
+// _copy_from(src, dst) between two tpu tensors of one device: the engine's
+// tp::copy rule (broadcast and dtype conversion included), so `x[i] = v`
+// and `dst.copy_(src)` in a loop pay no Python.  Everything else --
+// host <-> device, another device, conjugate/negative bits, complex32,
+// zero-size tensors -- is the Python kernel's (_dispatch._copy_from).
+struct CopyKernel final : c10::OperatorKernel {
+  void operator()(const c10::OperatorHandle& h, c10::DispatchKeySet, torch::jit::Stack* stack) {
+    if (!g_enabled.load(std::memory_order_relaxed) || !run(*stack)) h.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::PrivateUse2), stack);
+  }
+
+  static bool run(torch::jit::Stack& stack) {
+    if (stack.size() < 3) return false;
+    const c10::IValue* args = stack.data() + (stack.size() - 3);
+    if (!args[0].isTensor() || !args[1].isTensor()) return false;
+    const at::Tensor &src = args[0].toTensor(), &dst = args[1].toTensor();
+    if (!src.defined() || !dst.defined()) return false;
+    tp_tensor_ref refs[2];
+    int device = -1;
+    if (!FastKernel::ref(src, &device, &refs[0]) || !FastKernel::ref(dst, &device, &refs[1])) return false;
+    tp_eager_arg ea;
+    std::memset(&ea, 0, sizeof ea);
+    ea.a.kind = TP_ARG_TENSOR;
+    ea.t = &refs[0];
+    if (tp_status* st = tp_eager_run("tp::copy", &ea, 1, nullptr, &refs[1], 1)) raise_status(st);
+    c10::IValue out = args[1];
+    torch::jit::drop(stack, 3);
+    stack.push_back(std::move(out));
+    return true;
+  }
+};
+
 std::mutex g_register_mu;
 
 } // namespace
@@ -283,6 +314,22 @@ extern "C" __attribute__((visibility("default"))) int tp_glue_register_fast(
         new torch::Library(torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
     TORCH_CHECK(base.rfind("aten::", 0) == 0, full, ": only aten operators take fast kernels");
     lib->impl(full.substr(6).c_str(), torch::CppFunction::makeFromBoxedFunctor(std::move(k)));
+    return 0;
+  } catch (const std::exception& e) {
+    std::snprintf(err, errlen, "%s", e.what());
+    return -1;
+  }
+}
+
+// Register CopyKernel for aten::_copy_from (its Python kernel is under
+// PrivateUse2).  Returns 0, or -1 with a message in err.
+extern "C" __attribute__((visibility("default"))) int tp_glue_register_copy(char* err, size_t errlen) {
+  using namespace torch_pjrt;
+  try {
+    const std::lock_guard<std::mutex> lock(g_register_mu);
+    static torch::Library* lib =
+        new torch::Library(torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
+    lib->impl("_copy_from", torch::CppFunction::makeFromBoxedFunctor(std::make_unique<CopyKernel>()));
     return 0;
   } catch (const std::exception& e) {
     std::snprintf(err, errlen, "%s", e.what());

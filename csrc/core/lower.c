@@ -440,27 +440,30 @@ tp_type lw_out_as(const tp_node *n, int i, tp_dtype dt) {
   return t;
 }
 
-void lw_check_range(tp_emit *e, const tp_node *n, tp_val idx, int64_t lo, int64_t hi, tp_code code,
-                    const char *fmt, ...) {
+/* The device check of idx, and with arg >= 0 the host check of that argument. */
+static void check_v(tp_emit *e, const tp_node *n, int arg, tp_val idx, int64_t lo, int64_t hi, tp_code code,
+                    const char *fmt, va_list ap) {
   if (!n->check || em_failed(e) || idx < 0 || tp_type_numel(em_type(e, idx)) == 0) return;
   char msg[512];
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  n->check(e, n, idx, lo, hi, code, msg);
+  if (arg >= 0 && n->host_check) n->host_check(e, n, arg, lo, hi, code, msg);
+}
+
+void lw_check_range(tp_emit *e, const tp_node *n, tp_val idx, int64_t lo, int64_t hi, tp_code code,
+                    const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(msg, sizeof msg, fmt, ap);
+  check_v(e, n, -1, idx, lo, hi, code, fmt, ap);
   va_end(ap);
-  n->check(e, n, idx, lo, hi, code, msg);
 }
 
 void lw_check_arg(tp_emit *e, const tp_node *n, int arg, tp_val idx, int64_t lo, int64_t hi, tp_code code,
                   const char *fmt, ...) {
-  if (!n->check || em_failed(e) || idx < 0 || tp_type_numel(em_type(e, idx)) == 0) return;
-  char msg[512];
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(msg, sizeof msg, fmt, ap);
+  check_v(e, n, arg, idx, lo, hi, code, fmt, ap);
   va_end(ap);
-  n->check(e, n, idx, lo, hi, code, msg);
-  if (n->host_check) n->host_check(e, n, arg, lo, hi, code, msg);
 }
 
 void lw_check_text(tp_emit *e, const tp_node *n, tp_val idx, int64_t lo, int64_t hi, tp_code code, const char *text) {

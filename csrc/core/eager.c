@@ -2071,7 +2071,7 @@ static tp_tensor_ref dense_ref(tp_storage *s, tp_dtype dt, int rank, const int64
   return r;
 }
 
-static tp_status *copy_view(const tp_tensor_ref *src, const tp_tensor_ref *dst) {
+tp_status *tp_eager_copy(const tp_tensor_ref *src, const tp_tensor_ref *dst) {
   tp_eager_arg a;
   memset(&a, 0, sizeof a);
   a.a.kind = TP_ARG_TENSOR;
@@ -2115,7 +2115,7 @@ tp_status *tp_eager_write_host(const tp_tensor_ref *dst, const void *host) {
     if (!tmp) st = tp_error(TP_RESOURCE_EXHAUSTED, "out of host memory");
     tp_tensor_ref src = dense_ref(tmp, dst->dt, dst->rank, dst->sizes);
     if (!st) st = tp_eager_write_host(&src, host);
-    if (!st) st = copy_view(&src, dst);
+    if (!st) st = tp_eager_copy(&src, dst);
     tp_storage_free(tmp);
   }
   tp_storage_unlock();
@@ -2143,7 +2143,7 @@ tp_status *tp_eager_read_host(const tp_tensor_ref *src, void *host) {
     tp_storage *tmp = tp_storage_new(tp_storage_device(src->st), nbytes);
     if (!tmp) st = tp_error(TP_RESOURCE_EXHAUSTED, "out of host memory");
     tp_tensor_ref dst = dense_ref(tmp, src->dt, src->rank, src->sizes);
-    if (!st) st = copy_view(src, &dst);
+    if (!st) st = tp_eager_copy(src, &dst);
     if (!st) st = tp_eager_read_host(&dst, host);
     tp_storage_free(tmp);
   }

@@ -56,6 +56,10 @@ typedef struct tp_rng_state {
 tp_status *tp_eager_run_rng(const char *op, const tp_eager_arg *args, int nargs, const tp_type *out_types,
                             const tp_tensor_ref *outs, int nouts, tp_rng_state *rng);
 
+/* dst = src (tp::copy: src broadcast to dst's shape, converted to its dtype),
+ * two views on one device. */
+tp_status *tp_eager_copy(const tp_tensor_ref *src, const tp_tensor_ref *dst);
+
 /* Host <-> device for one view.  `host` is dense row-major data of the
  * view's dtype and numel. */
 tp_status *tp_eager_write_host(const tp_tensor_ref *dst, const void *host);

@@ -89,6 +89,14 @@ ArgClass classify(const c10::Argument& arg, bool number) {
 // entries into the core, and TORCH_PJRT_FAST_KERNELS=0).
 std::atomic<bool> g_enabled{true};
 
+// A fast kernel's call: served by run(stack), or handed to the op's Python
+// kernel under PrivateUse2.
+template <class Run>
+void serve(const c10::OperatorHandle& h, torch::jit::Stack* stack, Run run) {
+  if (!g_enabled.load(std::memory_order_relaxed) || !run(*stack))
+    h.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::PrivateUse2), stack);
+}
+
 struct FastKernel final : c10::OperatorKernel {
   std::string op, lowering;
   std::vector<ArgClass> cls;
@@ -96,7 +104,7 @@ struct FastKernel final : c10::OperatorKernel {
   size_t nreturns = 0;
 
   void operator()(const c10::OperatorHandle& h, c10::DispatchKeySet, torch::jit::Stack* stack) {
-    if (!g_enabled.load(std::memory_order_relaxed) || !run(*stack)) h.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::PrivateUse2), stack);
+    serve(h, stack, [this](torch::jit::Stack& s) { return run(s); });
   }
 
   // A tpu tensor as the core sees it; false for anything the fast path
@@ -241,14 +249,14 @@ struct FastKernel final : c10::OperatorKernel {
   }
 };
 
-// _copy_from(src, dst) between two tpu tensors of one device: the engine's
-// tp::copy rule (broadcast and dtype conversion included), so `x[i] = v`
-// and `dst.copy_(src)` in a loop pay no Python.  Everything else --
-// host <-> device, another device, conjugate/negative bits, complex32,
-// zero-size tensors -- is the Python kernel's (_dispatch._copy_from).
+// _copy_from(src, dst) between two tpu tensors of one device:
+// tp_eager_copy, so `x[i] = v` and `dst.copy_(src)` in a loop pay no
+// Python.  Everything else -- host <-> device, another device,
+// conjugate/negative bits, complex32, zero-size tensors -- is the Python
+// kernel's (_dispatch._copy_from).
 struct CopyKernel final : c10::OperatorKernel {
   void operator()(const c10::OperatorHandle& h, c10::DispatchKeySet, torch::jit::Stack* stack) {
-    if (!g_enabled.load(std::memory_order_relaxed) || !run(*stack)) h.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::PrivateUse2), stack);
+    serve(h, stack, run);
   }
 
   static bool run(torch::jit::Stack& stack) {
@@ -260,11 +268,7 @@ struct CopyKernel final : c10::OperatorKernel {
     tp_tensor_ref refs[2];
     int device = -1;
     if (!FastKernel::ref(src, &device, &refs[0]) || !FastKernel::ref(dst, &device, &refs[1])) return false;
-    tp_eager_arg ea;
-    std::memset(&ea, 0, sizeof ea);
-    ea.a.kind = TP_ARG_TENSOR;
-    ea.t = &refs[0];
-    if (tp_status* st = tp_eager_run("tp::copy", &ea, 1, nullptr, &refs[1], 1)) raise_status(st);
+    if (tp_status* st = tp_eager_copy(&refs[0], &refs[1])) raise_status(st);
     c10::IValue out = args[1];
     torch::jit::drop(stack, 3);
     stack.push_back(std::move(out));
@@ -273,6 +277,14 @@ struct CopyKernel final : c10::OperatorKernel {
 };
 
 std::mutex g_register_mu;
+
+// The library the fast kernels are registered in (under g_register_mu); it
+// lives as long as the process, so its kernels stay registered.
+torch::Library& fast_library() {
+  static torch::Library* lib =
+      new torch::Library(torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
+  return *lib;
+}
 
 } // namespace
 } // namespace torch_pjrt
@@ -309,11 +321,8 @@ extern "C" __attribute__((visibility("default"))) int tp_glue_register_fast(
     k->inplace = inplace != 0;
     k->nreturns = schema.returns().size();
     for (int i = 0; i < nargs; i++) k->cls.push_back(classify(schema.arguments()[i], numbers[i] != 0));
-    // The library lives as long as the process: its kernels stay registered.
-    static torch::Library* lib =
-        new torch::Library(torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
     TORCH_CHECK(base.rfind("aten::", 0) == 0, full, ": only aten operators take fast kernels");
-    lib->impl(full.substr(6).c_str(), torch::CppFunction::makeFromBoxedFunctor(std::move(k)));
+    fast_library().impl(full.substr(6).c_str(), torch::CppFunction::makeFromBoxedFunctor(std::move(k)));
     return 0;
   } catch (const std::exception& e) {
     std::snprintf(err, errlen, "%s", e.what());
@@ -327,9 +336,7 @@ extern "C" __attribute__((visibility("default"))) int tp_glue_register_copy(char
   using namespace torch_pjrt;
   try {
     const std::lock_guard<std::mutex> lock(g_register_mu);
-    static torch::Library* lib =
-        new torch::Library(torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
-    lib->impl("_copy_from", torch::CppFunction::makeFromBoxedFunctor(std::make_unique<CopyKernel>()));
+    fast_library().impl("_copy_from", torch::CppFunction::makeFromBoxedFunctor(std::make_unique<CopyKernel>()));
     return 0;
   } catch (const std::exception& e) {
     std::snprintf(err, errlen, "%s", e.what());
